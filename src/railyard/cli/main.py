@@ -1,0 +1,14 @@
+"""Entry point: import every subcommand module so it registers on the app, then run it."""
+
+from __future__ import annotations
+
+from railyard.cli import discover  # noqa: F401  (registers `discover`, `fixture`)
+from railyard.cli.app import app
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The node topology: NUMA nodes, the PCIe tree, GPUs and RDMA NICs with their VFs.
+
+Pure values, no I/O. Discovery builds them from sysfs, profiles build them in memory, and
+the allocator, the extender, the device plugin and the simulator all read the same shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+from railyard.topology.cpus import parse_cpulist
+
+
+class Distance(IntEnum):
+    """PCIe distance classes as `nvidia-smi topo -m` and NCCL name them, nearest first.
+
+    The integer value is the cost the allocator sums (PIX = 0 … SYS = 4).
+    """
+
+    PIX = 0  # at most one PCIe switch between the two devices
+    PXB = 1  # several switches, no host bridge
+    PHB = 2  # through one root complex (host bridge)
+    NODE = 3  # different root complexes on one NUMA node
+    SYS = 4  # across the socket interconnect
+
+    @classmethod
+    def parse(cls, text: str) -> Distance:
+        try:
+            return cls[text.upper()]
+        except KeyError:
+            names = "|".join(d.name for d in cls)
+            raise ValueError(f"unknown distance class {text!r}: expected {names}") from None
+
+
+# Within PXB, NCCL uses GPUDirect RDMA by default (NCCL_NET_GDR_LEVEL).
+GDR_LIMIT = Distance.PXB
+
+
+@dataclass(frozen=True, slots=True)
+class PciePath:
+    """Where a PCI function hangs: its root complex and the bridges from the root port down.
+
+    `bridges` runs from the root port to the function's parent bridge. Below a root port,
+    bridges alternate switch upstream port / switch downstream port, because every PCIe
+    link ends in an upstream port and every switch's internal bus holds its downstream ports.
+    """
+
+    root_complex: str  # "pci0000:15"
+    bridges: tuple[str, ...]  # ("0000:15:01.0", "0000:16:00.0", "0000:17:00.0")
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        """Switch identities from the top down: the address of each switch's upstream port."""
+        return self.bridges[1::2]
+
+    @property
+    def nearest_switch(self) -> str | None:
+        return self.switches[-1] if self.switches else None
+
+    @property
+    def parent(self) -> str:
+        return self.bridges[-1] if self.bridges else self.root_complex
+
+
+def pcie_distance(a: PciePath, b: PciePath, numa_a: int | None, numa_b: int | None) -> Distance:
+    """Distance class between two PCI functions, counting switches as NVIDIA does.
+
+    `numa_a`/`numa_b` are the NUMA nodes used for placement (None when unknown); an unknown
+    NUMA node across root complexes is the conservative class, SYS.
+    """
+    if a.root_complex != b.root_complex:
+        if numa_a is not None and numa_a == numa_b:
+            return Distance.NODE
+        return Distance.SYS
+    if a.parent == b.parent:
+        return Distance.PIX  # functions of one device, or siblings under one bridge
+    sa, sb = a.switches, b.switches
+    shared = 0
+    for x, y in zip(sa, sb, strict=False):
+        if x != y:
+            break
+        shared += 1
+    if shared == 0:
+        return Distance.PHB
+    crossed = (len(sa) - shared) + (len(sb) - shared) + 1
+    return Distance.PIX if crossed == 1 else Distance.PXB
+
+
+@dataclass(frozen=True, slots=True)
+class NumaNode:
+    id: int
+    cpus: str  # kernel cpulist, e.g. "0-55,112-167"
+    memory_bytes: int
+
+    @property
+    def cpu_ids(self) -> frozenset[int]:
+        return frozenset(parse_cpulist(self.cpus))
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int  # order by PCI address (CUDA's PCI_BUS_ID order)
+    pci_address: str
+    numa_node: int | None
+    uuid: str | None
+    vendor: str
+    device: str
+    pcie_root: str
+    switch: str | None
+
+    @property
+    def device_id(self) -> str:
+        """The ID the device plugin advertises: the UUID, else the PCI address."""
+        return self.uuid or self.pci_address
+
+
+@dataclass(frozen=True, slots=True)
+class Vf:
+    pci_address: str
+    vf_index: int
+    rdma_device: str | None
+    netdev: str | None
+    driver: str | None
+    uverbs: str | None
+
+    @property
+    def is_rdma(self) -> bool:
+        """A VF serves RDMA when it is not bound to vfio-pci (an RDMA device, or one a pod holds)."""
+        return self.driver != "vfio-pci"
+
+
+@dataclass(frozen=True, slots=True)
+class Nic:
+    """An RDMA-capable physical function (PF) and its virtual functions."""
+
+    pci_address: str
+    rdma_device: str | None
+    netdev: str | None
+    numa_node: int | None
+    link_layer: str | None
+    port_state: str | None
+    rate: str | None
+    driver: str | None
+    pcie_root: str
+    switch: str | None
+    total_vfs: int
+    vfs: tuple[Vf, ...] = ()
+    uverbs: str | None = None
+    # A PF whose netdev carries the node's default route is never handed to a pod.
+    default_route: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeTopology:
+    """Everything the allocator needs to know about one node's hardware."""
+
+    node: str
+    numa_nodes: tuple[NumaNode, ...]
+    gpus: tuple[Gpu, ...]
+    nics: tuple[Nic, ...]
+    # distance[gpu pci address][nic pci address]; VFs share their PF's class.
+    distance: dict[str, dict[str, Distance]] = field(hash=False, compare=True)
+    version: int = 1
+
+    def gpu(self, pci_address: str) -> Gpu:
+        for g in self.gpus:
+            if g.pci_address == pci_address:
+                return g
+        raise KeyError(pci_address)
+
+    def nic(self, pci_address: str) -> Nic:
+        for n in self.nics:
+            if n.pci_address == pci_address:
+                return n
+        raise KeyError(pci_address)
+
+    def vf(self, pci_address: str) -> tuple[Nic, Vf]:
+        for n in self.nics:
+            for v in n.vfs:
+                if v.pci_address == pci_address:
+                    return n, v
+        raise KeyError(pci_address)
+
+    def gpu_nic_distance(self, gpu_pci: str, nic_pci: str) -> Distance:
+        return self.distance[gpu_pci][nic_pci]
+
+    @property
+    def shape_key(self) -> tuple:
+        """A hashable identity of the hardware shape, equal for identical machines.
+
+        Node names are excluded so that thousands of identical nodes share one key.
+        """
+        return (
+            tuple((n.id, n.cpus, n.memory_bytes) for n in self.numa_nodes),
+            tuple((g.pci_address, g.numa_node) for g in self.gpus),
+            tuple(
+                (n.pci_address, n.numa_node, n.port_state, n.driver,
+                 tuple((v.pci_address, v.driver, v.rdma_device is not None) for v in n.vfs))
+                for n in self.nics
+            ),
+            tuple(
+                (g, tuple(sorted((k, int(v)) for k, v in row.items())))
+                for g, row in sorted(self.distance.items())
+            ),
+        )
+
+
+def distances_for(
+    gpus: dict[str, tuple[PciePath, int | None]],
+    nics: dict[str, tuple[PciePath, int | None]],
+) -> dict[str, dict[str, Distance]]:
+    """The GPU × NIC distance table from each function's PCIe path and placement NUMA node."""
+    return {
+        g: {n: pcie_distance(gp, np_, gn, nn) for n, (np_, nn) in nics.items()}
+        for g, (gp, gn) in gpus.items()
+    }
