@@ -126,7 +126,7 @@ class Vf:
 
     @property
     def is_rdma(self) -> bool:
-        """A VF serves RDMA when it is not bound to vfio-pci (an RDMA device, or one a pod holds)."""
+        """A VF serves RDMA unless bound to vfio-pci (it has an RDMA device, or a pod holds it)."""
         return self.driver != "vfio-pci"
 
 

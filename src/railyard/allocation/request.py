@@ -1,0 +1,244 @@
+"""What a pod asks for: GPUs, VFs, PFs, CPUs and memory, plus optional placement hints.
+
+Parsed once at the boundary from a v1 Pod (a plain dict, as the API server or
+kube-scheduler sends it); inside, the allocator trusts the `Request` value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+from railyard.allocation.names import DEFAULT_RESOURCES, REQUEST_ANNOTATION, ResourceNames
+from railyard.topology.model import Distance
+
+NumaPolicy = Literal["single", "preferred", "none"]
+Pairing = Literal["one-to-one", "shared", "none"]
+NUMA_POLICIES: tuple[NumaPolicy, ...] = ("single", "preferred", "none")
+PAIRINGS: tuple[Pairing, ...] = ("one-to-one", "shared", "none")
+
+
+class RequestError(ValueError):
+    """A malformed pod request or hint; `field` names where, for the user."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    gpus: int = 0
+    vfs: int = 0
+    pfs: int = 0
+    exclusive_cpus: int = 0  # integer CPUs of a Guaranteed pod: pinned, counted per NUMA node
+    memory_bytes: int = 0
+    max_distance: Distance | None = None  # hard limit for every pair
+    numa: NumaPolicy = "preferred"
+    pairing_hint: Pairing | None = None  # None: the default for the counts (see `pairing`)
+
+    def __post_init__(self) -> None:
+        for name in ("gpus", "vfs", "pfs", "exclusive_cpus", "memory_bytes"):
+            if getattr(self, name) < 0:
+                raise RequestError(name, "must not be negative")
+
+    @property
+    def nics(self) -> int:
+        return self.vfs + self.pfs
+
+    @property
+    def pairing(self) -> Pairing:
+        """One-to-one when there are at least as many NICs as GPUs, shared when fewer."""
+        if self.pairing_hint is not None:
+            return self.pairing_hint
+        if self.gpus == 0 or self.nics == 0:
+            return "none"
+        return "one-to-one" if self.nics >= self.gpus else "shared"
+
+    @property
+    def wants_devices(self) -> bool:
+        return self.gpus > 0 or self.nics > 0
+
+    @property
+    def shape(self) -> tuple:
+        """Hashable identity for memoising: two equal shapes get equal answers."""
+        return (self.gpus, self.vfs, self.pfs, self.exclusive_cpus, self.memory_bytes,
+                self.max_distance, self.numa, self.pairing)
+
+
+# ----------------------------------------------------------------------- quantities
+
+_SUFFIX = {
+    "": 1, "m": Fraction(1, 1000), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "P": 10**15, "E": 10**18, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
+    "Pi": 1 << 50, "Ei": 1 << 60,
+}
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})$")
+
+
+def parse_quantity(text: Any, field: str) -> Fraction:
+    """A Kubernetes resource quantity ("500m", "64Gi", "2", 4) as an exact fraction."""
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise RequestError(field, f"expected a quantity string, got {type(text).__name__}")
+    s = str(text).strip()
+    m = _QUANTITY.match(s)
+    if not m or m.group(2) not in _SUFFIX:
+        raise RequestError(field, f"not a Kubernetes quantity: {text!r}")
+    value = Fraction(m.group(1)) * _SUFFIX[m.group(2)]
+    if value < 0:
+        raise RequestError(field, f"must not be negative: {text!r}")
+    return value
+
+
+def _count(value: Fraction, field: str) -> int:
+    if value.denominator != 1:
+        raise RequestError(field, f"device counts must be whole numbers, got {float(value)}")
+    return int(value)
+
+
+# ----------------------------------------------------------------------- from a pod
+
+
+def _container_resources(container: Any, where: str) -> dict[str, Fraction]:
+    """Effective requests of one container: requests, falling back to limits."""
+    if not isinstance(container, dict):
+        raise RequestError(where, "expected an object")
+    res = container.get("resources") or {}
+    if not isinstance(res, dict):
+        raise RequestError(f"{where}.resources", "expected an object")
+    out: dict[str, Fraction] = {}
+    for kind in ("limits", "requests"):  # requests override limits
+        section = res.get(kind) or {}
+        if not isinstance(section, dict):
+            raise RequestError(f"{where}.resources.{kind}", "expected an object")
+        for name, q in section.items():
+            out[name] = parse_quantity(q, f"{where}.resources.{kind}[{name}]")
+    return out
+
+
+def _is_guaranteed(containers: list[dict]) -> bool:
+    for c in containers:
+        res = c.get("resources") or {}
+        limits, requests = res.get("limits") or {}, res.get("requests") or {}
+        for name in ("cpu", "memory"):
+            if name not in limits:
+                return False
+            if name in requests and parse_quantity(requests[name], name) != parse_quantity(
+                    limits[name], name):
+                return False
+    return bool(containers)
+
+
+def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Request:
+    """The pod-level request: sums over containers, at least the largest init container."""
+    if not isinstance(pod, dict):
+        raise RequestError("pod", "expected a Pod object")
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise RequestError("spec", "missing or not an object")
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise RequestError("spec.containers", "missing or empty")
+    inits = spec.get("initContainers") or []
+    if not isinstance(inits, list):
+        raise RequestError("spec.initContainers", "expected a list")
+
+    totals: dict[str, Fraction] = {}
+    for i, c in enumerate(containers):
+        for name, q in _container_resources(c, f"spec.containers[{i}]").items():
+            totals[name] = totals.get(name, Fraction(0)) + q
+    for i, c in enumerate(inits):
+        for name, q in _container_resources(c, f"spec.initContainers[{i}]").items():
+            totals[name] = max(totals.get(name, Fraction(0)), q)
+
+    cpu = totals.get("cpu", Fraction(0))
+    exclusive = 0
+    if cpu and cpu.denominator == 1 and _is_guaranteed(containers):
+        exclusive = int(cpu)  # kubelet's static CPU manager pins these
+    memory = totals.get("memory", Fraction(0))
+    hints = hints_from_annotations((pod.get("metadata") or {}).get("annotations"))
+    return Request(
+        gpus=_count(totals.get(names.gpu, Fraction(0)), f"resources[{names.gpu}]"),
+        vfs=_count(totals.get(names.vf, Fraction(0)), f"resources[{names.vf}]"),
+        pfs=_count(totals.get(names.pf, Fraction(0)), f"resources[{names.pf}]"),
+        exclusive_cpus=exclusive,
+        memory_bytes=int(memory) if exclusive else 0,
+        **hints,
+    )
+
+
+def hints_from_annotations(annotations: Any) -> dict[str, Any]:
+    """Parse `railyard.dev/request` into Request keyword arguments."""
+    if annotations is None:
+        return {}
+    if not isinstance(annotations, dict):
+        raise RequestError("metadata.annotations", "expected an object")
+    raw = annotations.get(REQUEST_ANNOTATION)
+    if raw is None:
+        return {}
+    field = f"metadata.annotations[{REQUEST_ANNOTATION}]"
+    if not isinstance(raw, str):
+        raise RequestError(field, "expected a JSON string")
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise RequestError(field, f"not valid JSON: {e.msg} at column {e.colno}") from None
+    return parse_hints(data, field)
+
+
+def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise RequestError(field, "expected a JSON object")
+    unknown = set(data) - {"maxDistance", "numa", "pairing"}
+    if unknown:
+        raise RequestError(f"{field}.{sorted(unknown)[0]}",
+                           "unknown key (known: maxDistance, numa, pairing)")
+    out: dict[str, Any] = {}
+    if "maxDistance" in data:
+        v = data["maxDistance"]
+        if not isinstance(v, str):
+            raise RequestError(f"{field}.maxDistance", "expected one of PIX|PXB|PHB|NODE|SYS")
+        try:
+            out["max_distance"] = Distance.parse(v)
+        except ValueError as e:
+            raise RequestError(f"{field}.maxDistance", str(e)) from None
+    if "numa" in data:
+        if data["numa"] not in NUMA_POLICIES:
+            raise RequestError(f"{field}.numa",
+                               f"expected one of {'|'.join(NUMA_POLICIES)}, got {data['numa']!r}")
+        out["numa"] = data["numa"]
+    if "pairing" in data:
+        if data["pairing"] not in PAIRINGS:
+            raise RequestError(f"{field}.pairing",
+                               f"expected one of {'|'.join(PAIRINGS)}, got {data['pairing']!r}")
+        out["pairing_hint"] = data["pairing"]
+    return out
+
+
+def parse_request_spec(text: str, hints: str | None = None) -> Request:
+    """The CLI's `gpus=2,vfs=2[,pfs=0,cpus=8,memory=64Gi]` with optional hint JSON."""
+    keys = {"gpus", "vfs", "pfs", "cpus", "memory"}
+    values: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in keys:
+            raise RequestError(key or part, f"expected key=value with key in {sorted(keys)}")
+        q = parse_quantity(value.strip(), key)
+        if key == "memory":
+            values["memory_bytes"] = int(q)
+        elif key == "cpus":
+            values["exclusive_cpus"] = _count(q, key)
+        else:
+            values[key] = _count(q, key)
+    extra: dict[str, Any] = {}
+    if hints:
+        try:
+            extra = parse_hints(json.loads(hints), "hints")
+        except json.JSONDecodeError as e:
+            raise RequestError("hints", f"not valid JSON: {e.msg}") from None
+    return Request(**values, **extra)
