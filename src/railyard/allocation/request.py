@@ -107,12 +107,16 @@ def _container_resources(container: Any, where: str) -> dict[str, Fraction]:
     """Effective requests of one container: requests, falling back to limits."""
     if not isinstance(container, dict):
         raise RequestError(where, "expected an object")
-    res = container.get("resources") or {}
+    res = container.get("resources")
+    if res is None:
+        res = {}
     if not isinstance(res, dict):
         raise RequestError(f"{where}.resources", "expected an object")
     out: dict[str, Fraction] = {}
     for kind in ("limits", "requests"):  # requests override limits
-        section = res.get(kind) or {}
+        section = res.get(kind)
+        if section is None:
+            continue
         if not isinstance(section, dict):
             raise RequestError(f"{where}.resources.{kind}", "expected an object")
         for name, q in section.items():

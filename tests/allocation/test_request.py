@@ -1,0 +1,138 @@
+"""Requests parsed from pods: sums over containers, hints, and errors that name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from railyard.allocation.names import REQUEST_ANNOTATION
+from railyard.allocation.request import (
+    Request,
+    RequestError,
+    parse_quantity,
+    parse_request_spec,
+    request_from_pod,
+)
+from railyard.topology.model import Distance
+
+
+def pod(*containers: dict, annotations: dict | None = None, inits: list | None = None) -> dict:
+    spec: dict = {"containers": [{"name": f"c{i}", "resources": r}
+                                 for i, r in enumerate(containers)]}
+    if inits:
+        spec["initContainers"] = [{"name": "init", "resources": r} for r in inits]
+    return {"metadata": {"name": "p", "annotations": annotations or {}}, "spec": spec}
+
+
+def test_device_counts_sum_over_containers():
+    p = pod({"limits": {"nvidia.com/gpu": "2", "railyard.dev/vf": "1"}},
+            {"limits": {"nvidia.com/gpu": "2", "railyard.dev/vf": "3"}})
+    r = request_from_pod(p)
+    assert (r.gpus, r.vfs, r.pfs) == (4, 4, 0)
+
+
+def test_init_container_raises_the_floor_but_does_not_add():
+    p = pod({"limits": {"nvidia.com/gpu": "1"}}, inits=[{"limits": {"nvidia.com/gpu": "4"}}])
+    assert request_from_pod(p).gpus == 4
+
+
+def test_guaranteed_pod_with_integer_cpus_wants_exclusive_cpus_and_memory():
+    res = {"limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}}
+    r = request_from_pod(pod(res))
+    assert r.exclusive_cpus == 8
+    assert r.memory_bytes == 64 << 30
+
+
+def test_burstable_pod_shares_the_cpu_pool():
+    res = {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "4", "memory": "1Gi"}}
+    assert request_from_pod(pod(res)).exclusive_cpus == 0
+
+
+def test_fractional_cpu_is_never_exclusive():
+    res = {"limits": {"cpu": "1500m", "memory": "1Gi"}}
+    assert request_from_pod(pod(res)).exclusive_cpus == 0
+
+
+def test_default_pairing_follows_the_counts():
+    assert Request(gpus=2, vfs=2).pairing == "one-to-one"
+    assert Request(gpus=2, vfs=4).pairing == "one-to-one"
+    assert Request(gpus=4, vfs=2).pairing == "shared"
+    assert Request(gpus=4).pairing == "none"
+    assert Request(vfs=2).pairing == "none"
+
+
+def test_hints_come_from_the_annotation():
+    ann = {REQUEST_ANNOTATION: json.dumps({"maxDistance": "pxb", "numa": "single",
+                                           "pairing": "shared"})}
+    r = request_from_pod(pod({"limits": {"nvidia.com/gpu": "2"}}, annotations=ann))
+    assert r.max_distance is Distance.PXB
+    assert r.numa == "single"
+    assert r.pairing == "shared"
+
+
+@pytest.mark.parametrize(
+    ("annotation", "field"),
+    [
+        ("{not json", "railyard.dev/request"),
+        ('{"maxDistance": "FAR"}', "maxDistance"),
+        ('{"maxDistance": 3}', "maxDistance"),
+        ('{"numa": "both"}', "numa"),
+        ('{"pairing": "1:1"}', "pairing"),
+        ('{"colour": "red"}', "colour"),
+        ("[1, 2]", "railyard.dev/request"),
+    ],
+)
+def test_malformed_annotation_is_rejected_naming_the_field(annotation, field):
+    with pytest.raises(RequestError) as e:
+        request_from_pod(pod({"limits": {"nvidia.com/gpu": "1"}},
+                             annotations={REQUEST_ANNOTATION: annotation}))
+    assert field in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("bad_pod", "field"),
+    [
+        ({"spec": {}}, "spec.containers"),
+        ({"metadata": {}}, "spec"),
+        ({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "1.5"}}}]}},
+         "nvidia.com/gpu"),
+        ({"spec": {"containers": [{"resources": {"limits": {"railyard.dev/vf": "two"}}}]}},
+         "railyard.dev/vf"),
+        ({"spec": {"containers": [{"resources": {"limits": []}}]}}, "limits"),
+        ("not a pod", "pod"),
+    ],
+)
+def test_malformed_pod_is_rejected_naming_the_field(bad_pod, field):
+    with pytest.raises(RequestError) as e:
+        request_from_pod(bad_pod)
+    assert field in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("500m", 0.5), ("2", 2), ("64Gi", 64 << 30), ("1G", 10**9), ("1e3", 1000), (4, 4)],
+)
+def test_quantities_parse_like_kubernetes(text, value):
+    assert parse_quantity(text, "q") == value
+
+
+@given(st.text(max_size=8))
+def test_quantity_parser_never_crashes_on_junk(text):
+    try:
+        parse_quantity(text, "q")
+    except RequestError as e:
+        assert e.field == "q"
+
+
+@given(st.integers(0, 8), st.integers(0, 16), st.integers(0, 4))
+def test_cli_request_spec_round_trips_counts(gpus, vfs, pfs):
+    r = parse_request_spec(f"gpus={gpus},vfs={vfs},pfs={pfs}")
+    assert (r.gpus, r.vfs, r.pfs) == (gpus, vfs, pfs)
+
+
+def test_cli_request_spec_rejects_unknown_keys():
+    with pytest.raises(RequestError, match="gpu"):
+        parse_request_spec("gpu=2")
