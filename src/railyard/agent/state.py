@@ -1,0 +1,341 @@
+"""The node-local state store: pod → Allocation as kubelet really gave it, kept in `--state-dir`.
+
+The agent writes it when kubelet admits a pod; the CNI service reads it to learn which NICs a
+pod may receive. It survives agent restarts and is safe for two processes (the agent and a
+CNI service, or two agents during an upgrade) through one lock file.
+
+Layout: `<state_dir>/pods/<uid>.json`, one JSON document per pod, written temp + fsync +
+rename (+ fsync of the folder), so a crash leaves either the old or the new file, never half
+of one. `<state_dir>/.lock` is taken with `flock` around every read-modify-write.
+
+API (all methods are synchronous and fast; call them from asyncio code directly):
+
+- `StateStore(state_dir, node=None)` — creates the folders; with `node`, `put` refuses an
+  Allocation for another node.
+- `.put(pod: PodKey, allocation)` — record (or replace) the pod's Allocation; what was already
+  consumed and the pod's sections are kept when the UID is the same.
+- `.get(uid) -> PodRecord | None`, `.find(namespace, name) -> PodRecord | None`, `.all()`.
+- `.mark_consumed(uid, container, resource, device_ids)` — kubelet allocated these IDs of
+  `resource` to `container`; `PodRecord.consumed_ids(resource)` answers what is consumed.
+- `.remove(uid) -> bool`.
+- `.granted_nics(uid) -> tuple[NicRef, ...]` — the pod's NICs in pair order (paired NICs
+  first, then unpaired): exactly what the CNI may move into the pod; empty for an unknown pod.
+- `.put_section(uid, name, value)` / `PodRecord.sections[name]` — a JSON value another
+  component keeps with the pod (the CNI service: moved devices with their original names).
+
+Errors: `StateError(path, reason)` for an unreadable or malformed record or a bad argument;
+`get` raises it, `all` skips such files and logs a warning (one bad file hides no other pod).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from railyard.allocation.types import Allocation, NicRef
+from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+# Kubernetes UIDs are UUIDs; allow any name that is a safe single path component.
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+class StateError(Exception):
+    """A state file or argument that cannot be used; names the file (or argument) and why."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class PodKey:
+    uid: str
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    """Device IDs kubelet allocated for one (container, resource) of the pod."""
+
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    pod: PodKey
+    allocation: Allocation
+    consumed: tuple[Consumed, ...] = ()
+    sections: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def uid(self) -> str:
+        return self.pod.uid
+
+    def consumed_ids(self, resource: str) -> tuple[str, ...]:
+        """Every ID of `resource` kubelet allocated to any container of the pod, in call order."""
+        return tuple(i for c in self.consumed if c.resource == resource for i in c.device_ids)
+
+    def is_consumed(self, container: str, resource: str) -> bool:
+        return any(c.container == container and c.resource == resource for c in self.consumed)
+
+    @property
+    def granted_nics(self) -> tuple[NicRef, ...]:
+        return self.allocation.all_nics
+
+
+# ----------------------------------------------------------------------- codec
+
+
+def record_to_json(r: PodRecord) -> dict[str, Any]:
+    return {
+        "version": FORMAT_VERSION,
+        "pod": {"uid": r.pod.uid, "namespace": r.pod.namespace, "name": r.pod.name},
+        "allocation": allocation_to_json(r.allocation),
+        "consumed": [
+            {"container": c.container, "resource": c.resource, "deviceIds": list(c.device_ids)}
+            for c in r.consumed
+        ],
+        "sections": dict(r.sections),
+    }
+
+
+def _str(d: dict, key: str, where: str) -> str:
+    v = d.get(key)
+    if not isinstance(v, str):
+        raise RecordError(f"{where}.{key}: expected a string")
+    return v
+
+
+def record_from_json(v: Any) -> PodRecord:
+    """Decode one state file's document; RecordError names the bad field."""
+    if not isinstance(v, dict):
+        raise RecordError("record: expected an object")
+    if v.get("version") != FORMAT_VERSION:
+        raise RecordError(f"record.version: unsupported {v.get('version')!r}")
+    pod = v.get("pod")
+    if not isinstance(pod, dict):
+        raise RecordError("record.pod: expected an object")
+    key = PodKey(_str(pod, "uid", "pod"), _str(pod, "namespace", "pod"), _str(pod, "name", "pod"))
+    alloc = allocation_from_json(v.get("allocation"), "record.allocation")
+    consumed = []
+    raw = v.get("consumed", [])
+    if not isinstance(raw, list):
+        raise RecordError("record.consumed: expected a list")
+    for i, c in enumerate(raw):
+        where = f"record.consumed[{i}]"
+        if not isinstance(c, dict):
+            raise RecordError(f"{where}: expected an object")
+        ids = c.get("deviceIds")
+        if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
+            raise RecordError(f"{where}.deviceIds: expected a list of strings")
+        consumed.append(Consumed(_str(c, "container", where), _str(c, "resource", where),
+                                 tuple(ids)))
+    sections = v.get("sections", {})
+    if not isinstance(sections, dict):
+        raise RecordError("record.sections: expected an object")
+    return PodRecord(key, alloc, tuple(consumed), sections)
+
+
+# ----------------------------------------------------------------------- the store
+
+
+class StateStore:
+    """One folder of pod records; every change is atomic and serialised by a file lock."""
+
+    def __init__(self, state_dir: str | os.PathLike[str], node: str | None = None) -> None:
+        self.root = Path(state_dir)
+        self.node = node
+        self.pods_dir = self.root / "pods"
+        try:
+            self.pods_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StateError(self.pods_dir, e.strerror or str(e)) from None
+        self._lock_path = self.root / ".lock"
+        # flock is per open file description: two threads of this process would not exclude
+        # each other through it alone, so a thread lock sits in front.
+        self._thread_lock = threading.RLock()
+        self._depth = 0
+        self._fd: int | None = None
+
+    # ------------------------------------------------------------------ locking
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the store's lock (re-entrant in this process) across several operations."""
+        with self._thread_lock:
+            if self._depth == 0:
+                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._fd is not None:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    os.close(self._fd)
+                    self._fd = None
+
+    # ------------------------------------------------------------------ files
+
+    def _path(self, uid: str) -> Path:
+        if not isinstance(uid, str) or not _UID.match(uid):
+            raise StateError("uid", f"not a usable pod UID: {uid!r}")
+        return self.pods_dir / f"{uid}.json"
+
+    def _read(self, path: Path) -> PodRecord | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise StateError(path, e.strerror or str(e)) from None
+        try:
+            return record_from_json(json.loads(data))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise StateError(path, f"not valid JSON: {e}") from None
+        except RecordError as e:
+            raise StateError(path, str(e)) from None
+
+    def _write(self, r: PodRecord) -> None:
+        path = self._path(r.uid)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        body = json.dumps(record_to_json(r), indent=1, sort_keys=True).encode()
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, body)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            self._fsync_dir()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise StateError(path, e.strerror or str(e)) from None
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.pods_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------------ API
+
+    def put(self, pod: PodKey, allocation: Allocation) -> PodRecord:
+        """Record the pod's Allocation, keeping what was consumed and its sections."""
+        if self.node is not None and allocation.node != self.node:
+            raise StateError(self._path(pod.uid),
+                             f"allocation is for node {allocation.node!r}, this is {self.node!r}")
+        with self.locked():
+            old = self._read_quiet(pod.uid)
+            if old is not None:
+                rec = replace(old, pod=pod, allocation=allocation)
+            else:
+                rec = PodRecord(pod, allocation)
+            self._write(rec)
+            return rec
+
+    def get(self, uid: str) -> PodRecord | None:
+        return self._read(self._path(uid))
+
+    def find(self, namespace: str, name: str) -> PodRecord | None:
+        """The record of the pod with this namespace and name (the newest, should two exist)."""
+        found = [r for r in self.all() if r.pod.namespace == namespace and r.pod.name == name]
+        if not found:
+            return None
+        return max(found, key=lambda r: r.allocation.decided_at or "")
+
+    def all(self) -> list[PodRecord]:
+        """Every readable record, by UID; malformed files are logged and skipped."""
+        out = []
+        for path in sorted(self.pods_dir.glob("*.json")):
+            try:
+                r = self._read(path)
+            except StateError as e:
+                log.warning("state store: skipping %s", e)
+                continue
+            if r is not None:
+                out.append(r)
+        return out
+
+    def mark_consumed(self, uid: str, container: str, resource: str,
+                      device_ids: tuple[str, ...] | list[str]) -> PodRecord:
+        """Note that kubelet gave `container` these IDs of `resource` (replaces a prior note)."""
+        with self.locked():
+            r = self._read(self._path(uid))
+            if r is None:
+                raise StateError(self._path(uid), "no record for this pod")
+            kept = tuple(c for c in r.consumed
+                         if not (c.container == container and c.resource == resource))
+            r = replace(r, consumed=(*kept, Consumed(container, resource, tuple(device_ids))))
+            self._write(r)
+            return r
+
+    def put_section(self, uid: str, name: str, value: Any) -> PodRecord:
+        """Keep a JSON value under `name` with the pod's record (None deletes it)."""
+        with self.locked():
+            r = self._read(self._path(uid))
+            if r is None:
+                raise StateError(self._path(uid), "no record for this pod")
+            sections = dict(r.sections)
+            if value is None:
+                sections.pop(name, None)
+            else:
+                json.dumps(value)  # refuse what cannot be stored, before writing anything
+                sections[name] = value
+            r = replace(r, sections=sections)
+            self._write(r)
+            return r
+
+    def remove(self, uid: str) -> bool:
+        with self.locked():
+            try:
+                self._path(uid).unlink()
+            except FileNotFoundError:
+                return False
+            self._fsync_dir()
+            return True
+
+    def granted_nics(self, uid: str) -> tuple[NicRef, ...]:
+        """The pod's NICs in pair order; () for a pod this node holds no record of."""
+        r = self.get(uid)
+        if r is None:
+            return ()
+        if self.node is not None and r.allocation.node != self.node:
+            return ()
+        return r.granted_nics
+
+    def _read_quiet(self, uid: str) -> PodRecord | None:
+        """Read for overwrite: a malformed old file is replaced, not fatal."""
+        try:
+            return self._read(self._path(uid))
+        except StateError as e:
+            log.warning("state store: replacing unreadable %s", e)
+            return None

@@ -1,0 +1,171 @@
+"""The node-local state store: atomic, restart-proof, shared safely by two processes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+
+import pytest
+from agent_helpers import h100, paired_allocation
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from railyard.agent.state import (
+    PodKey,
+    StateError,
+    StateStore,
+    record_from_json,
+    record_to_json,
+)
+
+POD = PodKey("0b6f3c1e-uid-1", "team", "trainer-0")
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return h100()
+
+
+def test_put_then_get_returns_the_same_allocation_after_a_restart(tmp_path, topo):
+    alloc = paired_allocation(topo, [0, 1])
+    StateStore(tmp_path).put(POD, alloc)
+    again = StateStore(tmp_path).get(POD.uid)  # a fresh object: as after an agent restart
+    assert again is not None
+    assert again.pod == POD
+    assert again.allocation == alloc
+
+
+def test_find_by_namespace_and_name(tmp_path, topo):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+    assert s.find("team", "trainer-0").uid == POD.uid
+    assert s.find("team", "other") is None
+
+
+def test_granted_nics_are_in_pair_order_and_only_for_known_pods(tmp_path, topo):
+    s = StateStore(tmp_path, node=topo.node)
+    alloc = paired_allocation(topo, [3, 0, 5])
+    s.put(POD, alloc)
+    assert s.granted_nics(POD.uid) == tuple(p.nic for p in alloc.pairs)
+    assert s.granted_nics("someone-else") == ()
+
+
+def test_put_for_another_node_is_refused_and_writes_nothing(tmp_path, topo):
+    s = StateStore(tmp_path, node="other-node")
+    with pytest.raises(StateError, match="other-node"):
+        s.put(POD, paired_allocation(topo, [0]))
+    assert s.all() == []
+
+
+def test_mark_consumed_records_per_container_and_resource(tmp_path, topo):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0, 1]))
+    s.mark_consumed(POD.uid, "main", "railyard.dev/vf", ["a", "b"])
+    s.mark_consumed(POD.uid, "main", "nvidia.com/gpu", ["g1"])
+    s.mark_consumed(POD.uid, "main", "railyard.dev/vf", ["c"])  # replaces, not appends
+    r = StateStore(tmp_path).get(POD.uid)
+    assert r.consumed_ids("railyard.dev/vf") == ("c",)
+    assert r.consumed_ids("nvidia.com/gpu") == ("g1",)
+    assert r.is_consumed("main", "nvidia.com/gpu")
+    assert not r.is_consumed("sidecar", "nvidia.com/gpu")
+
+
+def test_replacing_the_allocation_keeps_consumed_and_sections(tmp_path, topo):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+    s.mark_consumed(POD.uid, "main", "railyard.dev/vf", ["x"])
+    s.put_section(POD.uid, "cni", {"moved": [{"pci": "0000:18:00.2", "hostName": "ib0v0"}]})
+    node_alloc = paired_allocation(topo, [1], decided_by="node")
+    r = s.put(POD, node_alloc)
+    assert r.allocation.decided_by == "node"
+    assert r.consumed_ids("railyard.dev/vf") == ("x",)
+    assert r.sections["cni"]["moved"][0]["hostName"] == "ib0v0"
+
+
+def test_mark_consumed_of_unknown_pod_names_the_file(tmp_path):
+    with pytest.raises(StateError, match="no record"):
+        StateStore(tmp_path).mark_consumed("nope", "c", "r", [])
+
+
+def test_remove_is_idempotent(tmp_path, topo):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+    assert s.remove(POD.uid) is True
+    assert s.remove(POD.uid) is False
+    assert s.get(POD.uid) is None
+
+
+@pytest.mark.parametrize("uid", ["", "../etc/passwd", ".hidden", "a/b", "x" * 300])
+def test_unsafe_uids_are_refused(tmp_path, topo, uid):
+    with pytest.raises(StateError, match="uid"):
+        StateStore(tmp_path).put(PodKey(uid, "ns", "n"), paired_allocation(topo, [0]))
+
+
+def test_a_corrupt_file_is_named_by_get_and_skipped_by_all(tmp_path, topo):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+    (s.pods_dir / "broken.json").write_text("{not json")
+    (s.pods_dir / "wrong.json").write_text(json.dumps({"version": 1, "pod": {}}))
+    with pytest.raises(StateError, match=r"broken\.json"):
+        s.get("broken")
+    with pytest.raises(StateError, match=r"pod\.uid"):
+        s.get("wrong")
+    assert [r.uid for r in s.all()] == [POD.uid]
+
+
+def test_a_leftover_temp_file_from_a_crash_is_ignored(tmp_path, topo):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+    (s.pods_dir / f".{POD.uid}.json.999.tmp").write_text('{"half": ')
+    assert [r.uid for r in s.all()] == [POD.uid]
+
+
+def test_write_failure_leaves_the_old_record(tmp_path, topo, monkeypatch):
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(StateError, match="No space"):
+        s.put(POD, paired_allocation(topo, [1]))
+    monkeypatch.undo()
+    assert s.get(POD.uid).allocation.pairs[0].gpu.index == 0
+    assert not list(s.pods_dir.glob(".*.tmp"))
+
+
+def _hammer(state_dir: str, container: str, n: int) -> None:
+    s = StateStore(state_dir)
+    for i in range(n):
+        s.mark_consumed(POD.uid, container, f"res-{i}", [str(i)])
+
+
+def test_two_processes_updating_one_pod_lose_no_update(tmp_path, topo):
+    StateStore(tmp_path).put(POD, paired_allocation(topo, [0]))
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_hammer, args=(str(tmp_path), c, 15)) for c in ("a", "b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(20)
+        assert p.exitcode == 0
+    r = StateStore(tmp_path).get(POD.uid)
+    assert len(r.consumed) == 30
+
+
+names = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpus=st.lists(st.integers(0, 7), unique=True, max_size=8),
+       consumed=st.lists(st.tuples(names, names, st.lists(names, max_size=3)), max_size=4),
+       section=st.dictionaries(names, st.integers() | names, max_size=3))
+def test_record_codec_round_trips(gpus, consumed, section):
+    from railyard.agent.state import Consumed, PodRecord
+    topo = h100()
+    r = PodRecord(POD, paired_allocation(topo, gpus),
+                  tuple(Consumed(c, res, tuple(ids)) for c, res, ids in consumed),
+                  {"x": section})
+    assert record_from_json(json.loads(json.dumps(record_to_json(r)))) == r
