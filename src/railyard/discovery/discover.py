@@ -1,0 +1,533 @@
+"""Discovery: read a sysfs root (the folder holding `sys/` and `proc/`) into a NodeTopology.
+
+Vendor-neutral by construction: a NIC is a network-class PCI function with an RDMA device
+(or VFs with one), whatever the driver calls it; a GPU is a display or accelerator function of
+NVIDIA or AMD. Devices are keyed by PCI address, never by netdev name, because a VF inside a
+pod loses its netdev (and maybe its RDMA device) from the host view but keeps its address.
+Anything unreadable becomes a warning naming the path; only a root that is not sysfs at all
+raises `SysfsError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from railyard.discovery.sysfs import (
+    BDF_RE,
+    Sysfs,
+    SysfsError,
+    SysfsWarning,
+    bdf_key,
+    describe_error,
+    parent_pcie_parts,
+    parse_default_route_ifaces,
+    parse_meminfo_total_bytes,
+    parse_nvidia_uuid,
+    parse_port_state,
+    read_attribute,
+    routing_id,
+)
+from railyard.topology.cpus import format_cpulist, parse_cpulist
+from railyard.topology.model import (
+    Gpu,
+    Nic,
+    NodeTopology,
+    NumaNode,
+    PciePath,
+    Vf,
+    distances_for,
+)
+
+GPU_VENDORS = frozenset({"0x10de", "0x1002"})  # NVIDIA, AMD
+_GPU_CLASSES = frozenset({0x03, 0x12})  # display controller, processing accelerator
+_NETWORK_CLASS = 0x02
+# PCI-to-PCI bridge (0x0604) and semi-transparent PCI-to-PCI bridge (0x0609).
+_BRIDGE_SUBCLASSES = frozenset({0x0604, 0x0609})
+# Switchdev representors share their PF's `net/` folder; the uplink is the one to report.
+_REPRESENTOR_RE = re.compile(r"^(c\d+)?pf\d+(vf\d+|sf\d+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """A node's topology and what could not be read while discovering it."""
+
+    topology: NodeTopology
+    warnings: tuple[SysfsWarning, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Function:
+    address: str
+    dir: str  # resolved device folder
+    pci_class: int
+
+
+def discover(root: str | os.PathLike[str] = Path("/")) -> Discovery:
+    """Discover the node under `root`. Raises SysfsError only when `root` is not sysfs."""
+    fs = Sysfs(root)
+    _check_root(fs)
+    reader = _Reader(fs)
+    return reader.run()
+
+
+def _check_root(fs: Sysfs) -> None:
+    if not os.path.isdir(fs.root):
+        raise SysfsError(fs.root, "not a directory")
+    if not os.path.isdir(fs.path("sys", "devices")):
+        raise SysfsError(fs.root, "not a sysfs root: no sys/devices folder below it")
+
+
+class _Reader:
+    """One discovery pass; holds the per-pass caches (class of each function, PCIe paths)."""
+
+    def __init__(self, fs: Sysfs) -> None:
+        self.fs = fs
+        self.devices_dir = fs.path("sys", "devices")
+        self.functions: dict[str, _Function] = {}
+        self._paths: dict[str, PciePath | None] = {}
+        self._numa_cpus: list[tuple[int, frozenset[int]]] = []
+
+    def run(self) -> Discovery:
+        fs = self.fs
+        numa_nodes = self._numa_nodes()
+        self._numa_cpus = [(n.id, n.cpu_ids) for n in numa_nodes]
+        self._pci_functions()
+        gpu_rows = self._gpus()
+        nic_rows = self._nics()
+        routed = self._default_route_netdevs()
+        nics = tuple(
+            _with_default_route(nic, routed) for nic, _, _ in nic_rows
+        )
+        distance = distances_for(
+            {g.pci_address: (path, place) for g, path, place in gpu_rows},
+            {n.pci_address: (path, place) for n, path, place in nic_rows},
+        )
+        topology = NodeTopology(
+            node=self._hostname(),
+            numa_nodes=numa_nodes,
+            gpus=tuple(g for g, _, _ in gpu_rows),
+            nics=nics,
+            distance=distance,
+        )
+        return Discovery(topology, tuple(fs.warnings))
+
+    # ----------------------------------------------------------------- NUMA and host facts
+
+    def _numa_nodes(self) -> tuple[NumaNode, ...]:
+        fs = self.fs
+        node_dir = fs.path("sys", "devices", "system", "node")
+        ids = sorted(
+            int(name[4:]) for name in fs.listdir(node_dir)
+            if name.startswith("node") and name[4:].isdigit()
+        )
+        if not ids:
+            fs.warn(node_dir, "no NUMA nodes listed; devices get no NUMA placement")
+        nodes = []
+        for i in ids:
+            base = f"{node_dir}/node{i}"
+            cpus = ""
+            text = fs.read(f"{base}/cpulist")
+            if text is not None:
+                try:
+                    cpus = format_cpulist(parse_cpulist(text))
+                except ValueError as exc:
+                    fs.warn(f"{base}/cpulist", str(exc))
+            memory = 0
+            meminfo = fs.read_text(f"{base}/meminfo")
+            if meminfo is not None:
+                total = parse_meminfo_total_bytes(meminfo)
+                if total is None:
+                    fs.warn(f"{base}/meminfo", "no 'MemTotal' line")
+                else:
+                    memory = total
+            nodes.append(NumaNode(i, cpus, memory))
+        return tuple(nodes)
+
+    def _hostname(self) -> str:
+        fs = self.fs
+        path = fs.path("proc", "sys", "kernel", "hostname")
+        if fs.root == os.sep:
+            text = fs.read(path, optional=True)
+            return text or socket.gethostname()
+        text = fs.read(path)
+        if not text:
+            if text is not None:
+                fs.warn(path, "empty host name")
+            return "unknown"
+        return text
+
+    def _default_route_netdevs(self) -> frozenset[str]:
+        """Netdevs carrying the IPv4 default route, and the devices below them (bond slaves,
+        VLAN parents) through their `lower_*` links."""
+        fs = self.fs
+        text = fs.read_text(fs.path("proc", "net", "route"))
+        if text is None:
+            return frozenset()
+        found: set[str] = set()
+        todo = parse_default_route_ifaces(text)
+        while todo:
+            name = todo.pop()
+            if name in found:
+                continue
+            found.add(name)
+            for entry in fs.listdir(fs.path("sys", "class", "net", name), optional=True):
+                if entry.startswith("lower_"):
+                    todo.append(entry[len("lower_"):])
+        return frozenset(found)
+
+    # ------------------------------------------------------------------ PCI functions
+
+    def _pci_functions(self) -> None:
+        """Every function in sys/bus/pci/devices with its resolved folder and class."""
+        fs = self.fs
+        bus_dir = fs.path("sys", "bus", "pci", "devices")
+        names = fs.listdir(bus_dir)
+        found: list[_Function] = []
+        for name in names:
+            link = f"{bus_dir}/{name}"
+            if not BDF_RE.match(name):
+                fs.warn(link, "not a PCI address; skipped")
+                continue
+            try:
+                target = os.readlink(link)
+                folder = os.path.normpath(os.path.join(bus_dir, target))
+            except OSError:
+                folder = os.path.realpath(link)  # not a symlink: a tree laid out differently
+                target = folder
+            try:
+                text = read_attribute(f"{folder}/class")
+                pci_class = int(text, 16)
+            except OSError as exc:
+                if not os.path.isdir(folder):
+                    fs.warn(link, f"dangling symlink to {target}; device skipped")
+                else:
+                    fs.warn(f"{folder}/class", describe_error(f"{folder}/class", exc)
+                            + "; device skipped")
+                continue
+            except ValueError:
+                fs.warn(f"{folder}/class", "not a hex class code; device skipped")
+                continue
+            found.append(_Function(name, folder, pci_class))
+        found.sort(key=lambda f: bdf_key(f.address))
+        self.functions = {f.address: f for f in found}
+
+    def _pcie_path(self, folder: str) -> PciePath | None:
+        """The function's root complex and bridges, from its folder's place in sys/devices.
+
+        Cached per parent folder: a PF's 127 VFs share one parent.
+        """
+        parent = os.path.dirname(folder)
+        if parent in self._paths:
+            return self._paths[parent]
+        parts = parent_pcie_parts(self.devices_dir, parent)
+        path: PciePath | None = None
+        if parts is None:
+            self.fs.warn(folder, "not below a PCI root complex in sys/devices; skipped")
+        else:
+            root, ancestors = parts
+            bridges = tuple(a for a in ancestors if self._is_bridge(a, parent))
+            path = PciePath(root, bridges)
+        self._paths[parent] = path
+        return path
+
+    def _is_bridge(self, address: str, parent: str) -> bool:
+        """Count only PCI-to-PCI bridges: PciePath's switch alternation assumes nothing else."""
+        f = self.functions.get(address)
+        if f is not None:
+            pci_class: int | None = f.pci_class
+        else:
+            folder = parent[: parent.index(address) + len(address)]
+            pci_class = self.fs.read_int(f"{folder}/class", base=16)
+        if pci_class is None:
+            return True  # unreadable: it holds functions, so it almost surely is a bridge
+        if (pci_class >> 8) in _BRIDGE_SUBCLASSES:
+            return True
+        folder = parent[: parent.index(address) + len(address)]
+        self.fs.warn(folder, f"ancestor of class {pci_class:#08x} is not a PCI bridge; "
+                              "left out of switch counting")
+        return False
+
+    def _placement(self, folder: str) -> tuple[int | None, int | None]:
+        """(numa_node as sysfs says it, NUMA node used for distances).
+
+        numa_node -1 means the firmware did not say: report None, never 0, but place the
+        device by local_cpulist when those CPUs lie inside exactly one NUMA node.
+        """
+        fs = self.fs
+        node = fs.read_int(f"{folder}/numa_node", optional=True)
+        if node is not None and node >= 0:
+            return node, node
+        text = fs.read(f"{folder}/local_cpulist", optional=True)
+        if not text:
+            return None, None
+        try:
+            cpus = set(parse_cpulist(text))
+        except ValueError as exc:
+            fs.warn(f"{folder}/local_cpulist", str(exc))
+            return None, None
+        inside = [i for i, node_cpus in self._numa_cpus if cpus <= node_cpus]
+        return None, (inside[0] if len(inside) == 1 else None)
+
+    def _driver(self, folder: str) -> str | None:
+        target = self.fs.readlink(f"{folder}/driver", optional=True)
+        return os.path.basename(target) if target else None
+
+    # -------------------------------------------------------------------------- GPUs
+
+    def _gpus(self) -> list[tuple[Gpu, PciePath, int | None]]:
+        fs = self.fs
+        rows: list[tuple[Gpu, PciePath, int | None]] = []
+        nvidia_without_uuid: list[int] = []
+        for f in self.functions.values():
+            if (f.pci_class >> 16) not in _GPU_CLASSES:
+                continue
+            vendor = fs.read(f"{f.dir}/vendor")
+            if vendor is None or vendor.lower() not in GPU_VENDORS:
+                continue
+            if os.path.lexists(f"{f.dir}/physfn"):
+                continue  # a GPU's own SR-IOV VF (MI300X 74b5) is not a separate GPU
+            path = self._pcie_path(f.dir)
+            if path is None:
+                continue
+            device = fs.read(f"{f.dir}/device") or ""
+            numa, place = self._placement(f.dir)
+            uuid = None
+            if vendor.lower() == "0x10de":
+                uuid = self._nvidia_uuid(f)
+                if uuid is None:
+                    nvidia_without_uuid.append(len(rows))
+            gpu = Gpu(index=len(rows), pci_address=f.address, numa_node=numa, uuid=uuid,
+                      vendor=vendor.lower(), device=device.lower(),
+                      pcie_root=path.root_complex, switch=path.nearest_switch)
+            rows.append((gpu, path, place))
+        if nvidia_without_uuid and self.fs.root == os.sep:
+            by_nvml = _nvml_uuids([rows[i][0].pci_address for i in nvidia_without_uuid])
+            for i in nvidia_without_uuid:
+                gpu, path, place = rows[i]
+                if gpu.pci_address in by_nvml:
+                    rows[i] = (replace(gpu, uuid=by_nvml[gpu.pci_address]), path, place)
+        return rows
+
+    def _nvidia_uuid(self, f: _Function) -> str | None:
+        fs = self.fs
+        info = fs.path("proc", "driver", "nvidia", "gpus", f.address, "information")
+        # Only the nvidia driver publishes the file: a GPU bound to vfio-pci has none.
+        bound_to_nvidia = self._driver(f.dir) == "nvidia"
+        text = fs.read_text(info, optional=not bound_to_nvidia)
+        if text is None:
+            return None
+        uuid = parse_nvidia_uuid(text)
+        if uuid is None:
+            fs.warn(info, "no 'GPU UUID' line")
+        return uuid
+
+    # -------------------------------------------------------------------------- NICs
+
+    def _nics(self) -> list[tuple[Nic, PciePath, int | None]]:
+        fs = self.fs
+        entries: dict[str, set[str]] = {}
+        pfs: list[_Function] = []
+        vf_functions: dict[str, _Function] = {}
+        for f in self.functions.values():
+            if (f.pci_class >> 16) != _NETWORK_CLASS:
+                continue
+            try:
+                names = set(os.listdir(f.dir))
+            except OSError as exc:
+                fs.warn(f.dir, describe_error(f.dir, exc) + "; device skipped")
+                continue
+            entries[f.address] = names
+            if "physfn" in names:
+                vf_functions[f.address] = f
+            else:
+                pfs.append(f)
+
+        # VFs of each PF, by its virtfn<N> links (the kernel's own numbering).
+        vfs_of: dict[str, list[tuple[int, str, str]]] = {pf.address: [] for pf in pfs}
+        claimed: dict[str, str] = {}  # VF address -> PF address
+        for pf in pfs:
+            links = sorted(
+                (int(name[6:]), name) for name in entries[pf.address]
+                if name.startswith("virtfn") and name[6:].isdigit()
+            )
+            for index, name in links:
+                link = f"{pf.dir}/{name}"
+                folder = fs.resolve_link(link)
+                if folder is None:
+                    continue
+                address = os.path.basename(folder)
+                if address in claimed:
+                    fs.warn(link, f"duplicate link to VF {address}, already listed by "
+                                  f"PF {claimed[address]}; ignored")
+                    continue
+                if address not in entries:
+                    try:
+                        entries[address] = set(os.listdir(folder))
+                    except OSError:
+                        fs.warn(link, f"dangling symlink to {os.readlink(link)}; VF skipped")
+                        continue
+                claimed[address] = pf.address
+                vfs_of[pf.address].append((index, address, folder))
+
+        # VFs whose PF lost (or never had) the virtfn link: find them by their physfn link.
+        pf_by_address = {pf.address: pf for pf in pfs}
+        for address, f in vf_functions.items():
+            if address in claimed:
+                continue
+            pf_folder = fs.resolve_link(f"{f.dir}/physfn")
+            pf = pf_by_address.get(os.path.basename(pf_folder)) if pf_folder else None
+            if pf is None:
+                fs.warn(f"{f.dir}/physfn", "VF whose PF is not a listed network function; "
+                                           "skipped")
+                continue
+            index = self._vf_index_from_routing_id(pf, address)
+            fs.warn(pf.dir, f"no virtfn link to its VF {address}; VF index {index} derived "
+                            "from sriov_offset/sriov_stride")
+            claimed[address] = pf.address
+            vfs_of[pf.address].append((index, address, f.dir))
+
+        rows = []
+        for pf in pfs:
+            vfs = tuple(
+                self._vf(address, folder, index, entries[address])
+                for index, address, folder in sorted(vfs_of[pf.address])
+            )
+            row = self._nic(pf, entries[pf.address], vfs)
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def _vf_index_from_routing_id(self, pf: _Function, vf_address: str) -> int:
+        """SR-IOV: VF n sits at routing ID = PF's + offset + n × stride (PCIe spec 9.3.3)."""
+        offset = self.fs.read_int(f"{pf.dir}/sriov_offset", optional=True) or 1
+        stride = self.fs.read_int(f"{pf.dir}/sriov_stride", optional=True) or 1
+        return (routing_id(vf_address) - routing_id(pf.address) - offset) // stride
+
+    def _vf(self, address: str, folder: str, index: int, names: set[str]) -> Vf:
+        netdevs = self._listing(folder, "net", names)
+        rdma = self._listing(folder, "infiniband", names)
+        verbs = self._listing(folder, "infiniband_verbs", names)
+        return Vf(
+            pci_address=address,
+            vf_index=index,
+            rdma_device=rdma[0] if rdma else None,
+            netdev=self._pick_netdev(folder, netdevs),
+            driver=self._driver(folder) if "driver" in names else None,
+            uverbs=self._pick_uverbs(folder, verbs, rdma[0] if rdma else None),
+        )
+
+    def _listing(self, folder: str, sub: str, names: set[str]) -> list[str]:
+        if sub not in names:
+            return []
+        return sorted(self.fs.listdir(f"{folder}/{sub}", optional=True))
+
+    def _pick_netdev(self, folder: str, netdevs: list[str]) -> str | None:
+        if len(netdevs) <= 1:
+            return netdevs[0] if netdevs else None
+        uplinks = [
+            n for n in netdevs
+            if not _REPRESENTOR_RE.match(
+                self.fs.read(f"{folder}/net/{n}/phys_port_name", optional=True) or "")
+        ]
+        return (uplinks or netdevs)[0]
+
+    def _pick_uverbs(self, folder: str, verbs: list[str], rdma: str | None) -> str | None:
+        verbs = sorted(verbs, key=lambda v: int(v[6:]) if v[6:].isdigit() else 1 << 30)
+        if len(verbs) <= 1 or rdma is None:
+            return verbs[0] if verbs else None
+        for v in verbs:
+            if self.fs.read(f"{folder}/infiniband_verbs/{v}/ibdev", optional=True) == rdma:
+                return v
+        return verbs[0]
+
+    def _nic(self, pf: _Function, names: set[str],
+             vfs: tuple[Vf, ...]) -> tuple[Nic, PciePath, int | None] | None:
+        fs = self.fs
+        rdma = self._listing(pf.dir, "infiniband", names)
+        rdma_device = rdma[0] if rdma else None
+        if rdma_device is None and not any(v.rdma_device for v in vfs):
+            return None  # plain Ethernet (or virtio): no RDMA, not a NIC for us
+        path = self._pcie_path(pf.dir)
+        if path is None:
+            return None
+        numa, place = self._placement(pf.dir)
+        link_layer = port_state = rate = None
+        if rdma_device is not None:
+            link_layer, port_state, rate = self._port(f"{pf.dir}/infiniband/{rdma_device}")
+        total_vfs = 0
+        if "sriov_totalvfs" in names:
+            total_vfs = fs.read_int(f"{pf.dir}/sriov_totalvfs") or 0
+        if "sriov_numvfs" in names:
+            numvfs = fs.read_int(f"{pf.dir}/sriov_numvfs")
+            if numvfs is not None and numvfs != len(vfs):
+                fs.warn(f"{pf.dir}/sriov_numvfs",
+                        f"says {numvfs} VFs, found {len(vfs)} (virtfn links and physfn)")
+        nic = Nic(
+            pci_address=pf.address,
+            rdma_device=rdma_device,
+            netdev=self._pick_netdev(pf.dir, self._listing(pf.dir, "net", names)),
+            numa_node=numa,
+            link_layer=link_layer,
+            port_state=port_state,
+            rate=rate,
+            driver=self._driver(pf.dir) if "driver" in names else None,
+            pcie_root=path.root_complex,
+            switch=path.nearest_switch,
+            total_vfs=total_vfs,
+            vfs=vfs,
+            uverbs=self._pick_uverbs(pf.dir, self._listing(pf.dir, "infiniband_verbs", names),
+                                     rdma_device),
+        )
+        return nic, path, place
+
+    def _port(self, rdma_dir: str) -> tuple[str | None, str | None, str | None]:
+        """Link layer, state and rate of the RDMA device's first port."""
+        fs = self.fs
+        ports = sorted(
+            (int(p) for p in fs.listdir(f"{rdma_dir}/ports") if p.isdigit()),
+        )
+        if not ports:
+            return None, None, None
+        base = f"{rdma_dir}/ports/{ports[0]}"
+        state = fs.read(f"{base}/state")
+        return (
+            fs.read(f"{base}/link_layer"),
+            parse_port_state(state) if state is not None else None,
+            fs.read(f"{base}/rate"),
+        )
+
+
+def _with_default_route(nic: Nic, routed: frozenset[str]) -> Nic:
+    if nic.netdev is None or nic.netdev not in routed:
+        return nic
+    return replace(nic, default_route=True)
+
+
+def _nvml_uuids(addresses: list[str]) -> dict[str, str]:
+    """GPU UUIDs from NVML when the optional `nvidia-ml-py` is installed and a driver runs."""
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return {}
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError subclasses; no driver, no library
+        return {}
+    out: dict[str, str] = {}
+    try:
+        for address in addresses:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByPciBusId(address)
+                uuid = pynvml.nvmlDeviceGetUUID(handle)
+            except Exception:
+                continue
+            out[address] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+    return out
