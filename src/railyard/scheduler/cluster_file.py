@@ -1,0 +1,227 @@
+"""Cluster files: the nodes (by hardware profile or discovered topology) and bound pods.
+
+Until the Kubernetes source exists, this is what feeds the extender's `ClusterState`; the
+simulator builds the same thing from a short spec ("dgx-h100:32,dgx-a100:16"). Every
+problem is reported as a `ClusterFileError` naming the field, before any state is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from railyard.allocation.types import Allocation
+from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, MAX_VFS_PER_PF, build_topology, profile
+from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
+from railyard.topology.model import NodeTopology
+
+
+class ClusterFileError(ValueError):
+    """A cluster file or spec that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    """A pod the scheduler bound, with the Allocation it holds (None: no Railyard devices)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node: str
+    allocation: Allocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Node topologies plus pods already bound. Iterating yields the topologies, so a
+    `Cluster` can be handed straight to `ClusterState(...)`."""
+
+    topologies: tuple[NodeTopology, ...]
+    pods: tuple[BoundPod, ...] = ()
+
+    def __iter__(self) -> Iterator[NodeTopology]:
+        return iter(self.topologies)
+
+    def __len__(self) -> int:
+        return len(self.topologies)
+
+
+# ------------------------------------------------------------------------ pods
+
+
+def pod_to_json(p: BoundPod) -> dict[str, Any]:
+    """The `{namespace, name, uid, node, allocation}` form of cluster files, state files and
+    `GET /allocations`."""
+    return {
+        "namespace": p.namespace, "name": p.name, "uid": p.uid, "node": p.node,
+        "allocation": allocation_to_json(p.allocation) if p.allocation is not None else None,
+    }
+
+
+def _str(d: dict, key: str, where: str) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not v:
+        raise ClusterFileError(f"{where}.{key}: expected a non-empty string")
+    return v
+
+
+def pod_from_json(v: Any, where: str) -> BoundPod:
+    if not isinstance(v, dict):
+        raise ClusterFileError(f"{where}: expected an object")
+    unknown = set(v) - {"namespace", "name", "uid", "node", "allocation"}
+    if unknown:
+        raise ClusterFileError(f"{where}.{sorted(unknown)[0]}: unknown key")
+    node = _str(v, "node", where)
+    raw = v.get("allocation")
+    alloc = None
+    if raw is not None:
+        try:
+            alloc = allocation_from_json(raw, f"{where}.allocation")
+        except RecordError as e:
+            raise ClusterFileError(str(e)) from None
+        if alloc.node != node:
+            raise ClusterFileError(
+                f"{where}.allocation.node: {alloc.node!r} differs from the pod's node {node!r}")
+    return BoundPod(_str(v, "namespace", where), _str(v, "name", where), _str(v, "uid", where),
+                    node, alloc)
+
+
+# ------------------------------------------------------------------------ nodes
+
+
+def _profile_topology(name: str, vfs_per_pf: int, node: str,
+                      built: dict[tuple[str, int], NodeTopology]) -> NodeTopology:
+    """Build each (profile, vfs) once and rename it: thousands of nodes then share one set
+    of immutable device tuples (and the allocator's shape key is the same for all of them)."""
+    key = (name, vfs_per_pf)
+    base = built.get(key)
+    if base is None:
+        base = built[key] = build_topology(profile(name), vfs_per_pf=vfs_per_pf, node=node)
+    return base if base.node == node else dataclasses.replace(base, node=node)
+
+
+def _node_from_json(v: Any, where: str,
+                    built: dict[tuple[str, int], NodeTopology]) -> NodeTopology:
+    if not isinstance(v, dict):
+        raise ClusterFileError(f"{where}: expected an object")
+    unknown = set(v) - {"name", "profile", "vfsPerPf", "topology"}
+    if unknown:
+        raise ClusterFileError(f"{where}.{sorted(unknown)[0]}: unknown key "
+                               "(known: name, profile, vfsPerPf, topology)")
+    name = _str(v, "name", where)
+    if ("profile" in v) == ("topology" in v):
+        raise ClusterFileError(f"{where}: give exactly one of 'profile' or 'topology'")
+    if "profile" in v:
+        vfs = v.get("vfsPerPf", DEFAULT_VFS_PER_PF)
+        if isinstance(vfs, bool) or not isinstance(vfs, int) or not 0 <= vfs <= MAX_VFS_PER_PF:
+            raise ClusterFileError(f"{where}.vfsPerPf: expected an integer 0..{MAX_VFS_PER_PF}")
+        try:
+            return _profile_topology(_str(v, "profile", where), vfs, name, built)
+        except ValueError as e:
+            raise ClusterFileError(f"{where}.profile: {e}") from None
+    if "vfsPerPf" in v:
+        raise ClusterFileError(f"{where}.vfsPerPf: only meaningful with 'profile'")
+    # The codec of `railyard discover --format json`; imported here so profile-only
+    # cluster files work whatever state that module is in.
+    from railyard.records.topology import topology_from_json
+
+    try:
+        topo = topology_from_json(v["topology"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ClusterFileError(f"{where}.topology: {e}") from None
+    return topo if topo.node == name else dataclasses.replace(topo, node=name)
+
+
+def cluster_from_json(data: Any, where: str = "cluster") -> Cluster:
+    """Validate a parsed cluster document: unique node names, pods on known nodes."""
+    if not isinstance(data, dict):
+        raise ClusterFileError(f"{where}: expected an object with 'nodes'")
+    unknown = set(data) - {"nodes", "pods"}
+    if unknown:
+        raise ClusterFileError(f"{where}.{sorted(unknown)[0]}: unknown key (known: nodes, pods)")
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise ClusterFileError(f"{where}.nodes: expected a list")
+    built: dict[tuple[str, int], NodeTopology] = {}
+    topologies: list[NodeTopology] = []
+    seen: set[str] = set()
+    for i, n in enumerate(nodes):
+        t = _node_from_json(n, f"nodes[{i}]", built)
+        if t.node in seen:
+            raise ClusterFileError(f"nodes[{i}].name: duplicate node {t.node!r}")
+        seen.add(t.node)
+        topologies.append(t)
+    pods_raw = data.get("pods") or []
+    if not isinstance(pods_raw, list):
+        raise ClusterFileError(f"{where}.pods: expected a list")
+    pods: list[BoundPod] = []
+    uids: set[str] = set()
+    for i, p in enumerate(pods_raw):
+        pod = pod_from_json(p, f"pods[{i}]")
+        if pod.node not in seen:
+            raise ClusterFileError(f"pods[{i}].node: unknown node {pod.node!r}")
+        if pod.uid in uids:
+            raise ClusterFileError(f"pods[{i}].uid: duplicate uid {pod.uid!r}")
+        uids.add(pod.uid)
+        pods.append(pod)
+    return Cluster(tuple(topologies), tuple(pods))
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster file, YAML or JSON (chosen by content: JSON is tried first)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClusterFileError(f"{p}: cannot read: {e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        except yaml.YAMLError as e:
+            raise ClusterFileError(f"{p}: neither JSON nor YAML: {e}") from None
+    try:
+        return cluster_from_json(data)
+    except ClusterFileError as e:
+        raise ClusterFileError(f"{p}: {e}") from None
+
+
+def cluster_from_spec(spec: str, vfs_per_pf: int = DEFAULT_VFS_PER_PF) -> Cluster:
+    """`"dgx-h100:32,dgx-a100:16"` → nodes `dgx-h100-000` … `dgx-h100-031`, `dgx-a100-000` …
+
+    Numbers are zero-padded to at least three digits (more when a profile has ≥ 1,000 nodes),
+    so names sort in creation order.
+    """
+    topologies: list[NodeTopology] = []
+    built: dict[tuple[str, int], NodeTopology] = {}
+    seen: set[str] = set()
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise ClusterFileError(f"cluster spec {spec!r}: expected profile:count[,profile:count…]")
+    for part in parts:
+        name, sep, count_text = part.partition(":")
+        name = name.strip()
+        try:
+            count = int(count_text) if sep else 1
+        except ValueError:
+            count = -1
+        if count < 1:
+            raise ClusterFileError(f"cluster spec part {part!r}: count must be a positive integer")
+        if name in seen:
+            raise ClusterFileError(f"cluster spec part {part!r}: profile {name!r} given twice")
+        seen.add(name)
+        width = max(3, len(str(count - 1)))
+        for i in range(count):
+            try:
+                t = _profile_topology(name, vfs_per_pf, f"{name}-{i:0{width}d}", built)
+            except ValueError as e:
+                raise ClusterFileError(f"cluster spec part {part!r}: {e}") from None
+            topologies.append(t)
+    return Cluster(tuple(topologies))

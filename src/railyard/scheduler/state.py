@@ -1,0 +1,373 @@
+"""The cluster as the scheduler sees it: node topologies, one Ledger per node, bound pods.
+
+The extender and the simulator share it. Questions about many nodes (filter, scores) are
+answered per *group* of nodes with the same hardware shape and the same free state, so the
+cost of a filter over 5,000 names is a few dictionary lookups per name plus one allocator
+call per distinct group. Changes (bind, release) take the node's lock.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+from railyard.allocation.ledger import Ledger, LedgerConflict
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation, Infeasible
+from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
+from railyard.topology.model import NodeTopology
+
+# Preemption tries every subset of the candidate holders up to this many allocator calls,
+# then falls back to kube-scheduler's own method (remove all, reprieve one by one).
+_EXACT_PREEMPTION_BUDGET = 256
+
+
+class NodeAllocator(Protocol):
+    """The joint allocator as the cluster state uses it (`railyard.allocation.allocator`)."""
+
+    def allocate(self, topology: NodeTopology, ledger: Ledger,
+                 request: Request) -> Allocation | Infeasible: ...
+
+    def node_score(self, topology: NodeTopology, ledger: Ledger, request: Request) -> int: ...
+
+
+@dataclass(slots=True)
+class FilterOutcome:
+    """Which names fit; the others with the reason, split as kube-scheduler wants them."""
+
+    fits: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)  # blocked by other pods
+    unresolvable: dict[str, str] = field(default_factory=dict)  # preemption cannot help
+
+
+class _Group:
+    """Identity of (hardware shape, free-state signature). Nodes hold a reference, so
+    grouping a name costs a hash of this object, not of the nested signature tuple."""
+
+    __slots__ = ("__weakref__", "key")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+
+
+class _Node:
+    __slots__ = ("generation", "group", "ledger", "lock", "shape", "topology")
+
+    def __init__(self, topology: NodeTopology, shape: int) -> None:
+        self.topology = topology
+        self.shape = shape
+        self.ledger: Ledger | None = None  # created on first use: most nodes start empty
+        self.lock = threading.Lock()  # guards this node's ledger
+        self.generation = -1
+        self.group: _Group | None = None
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unknown_node_reason(name: str) -> str:
+    return f"node {name!r} is not known to Railyard (no topology for it)"
+
+
+class ClusterState:
+    """Node topologies + one Ledger per node + the pods bound so far."""
+
+    def __init__(self, topologies: Iterable[NodeTopology],
+                 allocator: NodeAllocator | None = None) -> None:
+        if allocator is None:
+            from railyard.allocation.allocator import Allocator
+
+            allocator = Allocator()
+        self.allocator = allocator
+        self._nodes: dict[str, _Node] = {}
+        shapes: dict[tuple, int] = {}
+        by_parts: dict[tuple[int, ...], int] = {}
+        for t in topologies:
+            if t.node in self._nodes:
+                raise ValueError(f"duplicate node {t.node!r}")
+            # Nodes built from one profile share their device tuples; skip the shape key.
+            parts = (id(t.numa_nodes), id(t.gpus), id(t.nics), id(t.distance))
+            shape = by_parts.get(parts)
+            if shape is None:
+                shape = shapes.setdefault(t.shape_key, len(shapes))
+                by_parts[parts] = shape
+            self._nodes[t.node] = _Node(t, shape)
+        self._keep = list(self._nodes.values())  # topologies stay alive: ids above stay valid
+        self._groups: weakref.WeakValueDictionary[tuple, _Group] = weakref.WeakValueDictionary()
+        self._empty = [self._intern((s, Ledger(self._any_of_shape(s)).signature()))
+                       for s in range(len(shapes))]
+        self._pods: dict[str, BoundPod] = {}
+        self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
+
+    @classmethod
+    def from_cluster_file(cls, path: str | Path,
+                          allocator: NodeAllocator | None = None) -> ClusterState:
+        cluster = load_cluster(path)
+        state = cls(cluster.topologies, allocator)
+        state.restore(cluster.pods)
+        return state
+
+    # ------------------------------------------------------------------ lookups
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._nodes
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def node_names(self) -> list[str]:
+        return list(self._nodes)
+
+    def topology(self, name: str) -> NodeTopology:
+        return self._nodes[name].topology
+
+    def ledger(self, name: str) -> Ledger:
+        return self._ledger(self._nodes[name])
+
+    def pods(self) -> list[BoundPod]:
+        with self._pods_lock:
+            return list(self._pods.values())
+
+    def pod(self, uid: str) -> BoundPod | None:
+        return self._pods.get(uid)
+
+    def _ledger(self, node: _Node) -> Ledger:
+        if node.ledger is None:
+            node.ledger = Ledger(node.topology)
+        return node.ledger
+
+    def _any_of_shape(self, shape: int) -> NodeTopology:
+        return next(n.topology for n in self._keep if n.shape == shape)
+
+    def _intern(self, key: tuple) -> _Group:
+        g = self._groups.get(key)
+        if g is None:
+            g = self._groups[key] = _Group(key)
+        return g
+
+    def _group_of(self, node: _Node) -> _Group:
+        led = node.ledger
+        if led is None:
+            return self._empty[node.shape]
+        if node.generation != led.generation or node.group is None:
+            # Read the signature under the lock: a threaded caller may be binding here.
+            with node.lock:
+                node.generation = led.generation
+                node.group = self._intern((node.shape, led.signature()))
+        return node.group
+
+    def _grouped(self, names: list[str]) -> tuple[dict[_Group, list[str]], list[_Group | None]]:
+        """Names by group, and each name's group (None: unknown node) in input order."""
+        groups: dict[_Group, list[str]] = {}
+        of_name: list[_Group | None] = []
+        nodes = self._nodes
+        for name in names:
+            node = nodes.get(name)
+            if node is None:
+                of_name.append(None)
+                continue
+            g = self._group_of(node)
+            of_name.append(g)
+            members = groups.get(g)
+            if members is None:
+                groups[g] = [name]
+            else:
+                members.append(name)
+        return groups, of_name
+
+    # ------------------------------------------------------------------ questions
+
+    def filter(self, request: Request, node_names: Iterable[str]) -> FilterOutcome:
+        """Which nodes can host `request` now; one allocator call per group of nodes."""
+        names = list(node_names)
+        out = FilterOutcome()
+        if not request.wants_devices:
+            out.fits = names  # none of our resources: not ours to judge
+            return out
+        groups, of_name = self._grouped(names)
+        verdicts: dict[_Group, Infeasible | None] = {}
+        for g, members in groups.items():
+            node = self._nodes[members[0]]
+            with node.lock:
+                result = self.allocator.allocate(node.topology, self._ledger(node), request)
+            verdicts[g] = result if isinstance(result, Infeasible) else None
+        # Answer in the caller's order: kube-scheduler does not care, people reading do.
+        for name, g in zip(names, of_name, strict=True):
+            if g is None:
+                out.unresolvable[name] = unknown_node_reason(name)
+                continue
+            verdict = verdicts[g]
+            if verdict is None:
+                out.fits.append(name)
+            elif verdict.unresolvable:
+                out.unresolvable[name] = verdict.reason
+            else:
+                out.failed[name] = verdict.reason
+        return out
+
+    def scores(self, request: Request, node_names: Iterable[str]) -> dict[str, int]:
+        """The allocator's 0–10 score per node (0 for unknown nodes and device-less pods)."""
+        names = list(node_names)
+        if not request.wants_devices:
+            return dict.fromkeys(names, 0)
+        groups, _ = self._grouped(names)
+        out = dict.fromkeys(names, 0)
+        for members in groups.values():
+            node = self._nodes[members[0]]
+            with node.lock:
+                score = self.allocator.node_score(node.topology, self._ledger(node), request)
+            score = max(0, min(10, int(score)))
+            for name in members:
+                out[name] = score
+        return out
+
+    # ------------------------------------------------------------------ changes
+
+    def bind(self, uid: str, namespace: str, name: str, node: str, request: Request, *,
+             decided_at: str | None = None) -> Allocation | Infeasible:
+        """Allocate on `node` against its latest ledger and hold the devices for `uid`.
+
+        Idempotent: binding a UID again to the node it holds returns its Allocation.
+        """
+        n = self._nodes.get(node)
+        if n is None:
+            return Infeasible(unknown_node_reason(node), unresolvable=True)
+        with n.lock:
+            held = self._pods.get(uid)
+            if held is not None:
+                if held.node == node and held.allocation is not None:
+                    return held.allocation
+                return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to "
+                                  f"{held.node!r}", unresolvable=True)
+            ledger = self._ledger(n)
+            result = self.allocator.allocate(n.topology, ledger, request)
+            if isinstance(result, Infeasible):
+                return result
+            alloc = result.stamped("scheduler", decided_at or now_rfc3339())
+            with self._pods_lock:
+                if uid in self._pods:  # the same UID raced onto another node
+                    return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to "
+                                      f"{self._pods[uid].node!r}", unresolvable=True)
+                try:
+                    ledger.add(uid, alloc)
+                except LedgerConflict as e:  # an allocator bug; never a double allocation
+                    return Infeasible(f"allocation conflicts with the ledger: {e}")
+                self._pods[uid] = BoundPod(namespace, name, uid, node, alloc)
+            return alloc
+
+    def release(self, uid: str) -> BoundPod | None:
+        """Free what `uid` holds; None when it holds nothing (release is idempotent)."""
+        pod = self._pods.get(uid)
+        if pod is None:
+            return None
+        n = self._nodes[pod.node]
+        with n.lock, self._pods_lock:
+            if self._pods.get(uid) is not pod:
+                return None  # released (or rebound) meanwhile
+            del self._pods[uid]
+            if n.ledger is not None:
+                n.ledger.remove(uid)
+        return pod
+
+    def restore(self, pods: Iterable[BoundPod]) -> None:
+        """Rebuild ledgers from recorded pods: all of them or, on any conflict, none.
+
+        Raises ClusterFileError naming the pod.
+        """
+        pods = list(pods)
+        fresh: dict[str, Ledger] = {}
+        seen: set[str] = set()
+        for p in pods:
+            where = f"pod {p.namespace}/{p.name} ({p.uid})"
+            n = self._nodes.get(p.node)
+            if n is None:
+                raise ClusterFileError(f"{where}: unknown node {p.node!r}")
+            if p.uid in seen or p.uid in self._pods:
+                raise ClusterFileError(f"{where}: uid recorded twice")
+            seen.add(p.uid)
+            if p.allocation is None:
+                continue
+            ledger = fresh.get(p.node)
+            if ledger is None:
+                current = n.ledger.holders() if n.ledger is not None else ()
+                ledger = fresh[p.node] = Ledger(n.topology, current)
+            try:
+                ledger.add(p.uid, p.allocation)
+            except LedgerConflict as e:
+                raise ClusterFileError(f"{where}: {e}") from None
+        for name, ledger in fresh.items():
+            n = self._nodes[name]
+            with n.lock:
+                n.ledger = ledger
+                n.group = None
+        with self._pods_lock:
+            for p in pods:
+                if p.allocation is not None:
+                    self._pods[p.uid] = p
+
+    # ------------------------------------------------------------------ preemption
+
+    def victims(self, request: Request, node: str, candidates: list[str]) -> list[str] | None:
+        """Which of `candidates` (pod UIDs kube-scheduler proposed) to evict on `node`.
+
+        Among candidates holding Railyard devices here, the fewest whose removal makes
+        `request` fit (then the fewest devices taken). Candidates holding nothing here were
+        chosen by kube-scheduler for resources we do not track, so they stay. None when no
+        subset of the candidates is enough.
+        """
+        n = self._nodes.get(node)
+        if n is None:
+            return None
+        with n.lock:
+            holders = dict(self._ledger(n).holders())
+        ordered = list(dict.fromkeys(candidates))
+        mine = [uid for uid in ordered if uid in holders]
+        chosen = self._fewest_to_evict(n, holders, mine, request)
+        if chosen is None:
+            return None
+        keep = set(chosen)
+        return [uid for uid in ordered if uid not in holders or uid in keep]
+
+    def _fewest_to_evict(self, n: _Node, holders: dict[str, Allocation], mine: list[str],
+                         request: Request) -> list[str] | None:
+        def fits(removed: Iterable[str]) -> bool:
+            gone = set(removed)
+            ledger = Ledger(n.topology, [(h, a) for h, a in holders.items() if h not in gone])
+            return not isinstance(self.allocator.allocate(n.topology, ledger, request),
+                                  Infeasible)
+
+        def weight(uid: str) -> int:
+            a = holders[uid]
+            return len(a.all_gpus) + len(a.all_nics)
+
+        if fits(()):
+            return []
+        budget = _EXACT_PREEMPTION_BUDGET
+        for size in range(1, len(mine) + 1):
+            feasible = []
+            for subset in itertools.combinations(mine, size):
+                budget -= 1
+                if budget < 0:
+                    break
+                if fits(subset):
+                    feasible.append(subset)
+            if feasible:  # the fewest pods, then the fewest devices taken from them
+                return list(min(feasible, key=lambda s: sum(weight(u) for u in s)))
+            if budget < 0:
+                break
+        if not fits(mine):
+            return None
+        # Too many to try all: kube-scheduler's way, evict all, reprieve in proposed order.
+        chosen = list(mine)
+        for uid in mine:
+            trial = [u for u in chosen if u != uid]
+            if fits(trial):
+                chosen = trial
+        return chosen
