@@ -330,29 +330,31 @@ class _Reader:
 
     def _nics(self) -> list[tuple[Nic, PciePath, int | None]]:
         fs = self.fs
-        entries: dict[str, set[str]] = {}
+        # Full listings for PFs only: a thousand VFs cost one lstat each here, and their
+        # subfolders are tried directly (a missing `net/` is normal: vfio-pci, or in a pod).
+        entries: dict[str, set[str] | None] = {}
         pfs: list[_Function] = []
         vf_functions: dict[str, _Function] = {}
         for f in self.functions.values():
             if (f.pci_class >> 16) != _NETWORK_CLASS:
                 continue
+            if os.path.lexists(f"{f.dir}/physfn"):
+                vf_functions[f.address] = f
+                entries[f.address] = None
+                continue
             try:
-                names = set(os.listdir(f.dir))
+                entries[f.address] = set(os.listdir(f.dir))
             except OSError as exc:
                 fs.warn(f.dir, describe_error(f.dir, exc) + "; device skipped")
                 continue
-            entries[f.address] = names
-            if "physfn" in names:
-                vf_functions[f.address] = f
-            else:
-                pfs.append(f)
+            pfs.append(f)
 
         # VFs of each PF, by its virtfn<N> links (the kernel's own numbering).
         vfs_of: dict[str, list[tuple[int, str, str]]] = {pf.address: [] for pf in pfs}
         claimed: dict[str, str] = {}  # VF address -> PF address
         for pf in pfs:
             links = sorted(
-                (int(name[6:]), name) for name in entries[pf.address]
+                (int(name[6:]), name) for name in entries[pf.address] or ()
                 if name.startswith("virtfn") and name[6:].isdigit()
             )
             for index, name in links:
@@ -366,11 +368,10 @@ class _Reader:
                                   f"PF {claimed[address]}; ignored")
                     continue
                 if address not in entries:
-                    try:
-                        entries[address] = set(os.listdir(folder))
-                    except OSError:
+                    if not os.path.isdir(folder):
                         fs.warn(link, f"dangling symlink to {os.readlink(link)}; VF skipped")
                         continue
+                    entries[address] = None
                 claimed[address] = pf.address
                 vfs_of[pf.address].append((index, address, folder))
 
@@ -397,7 +398,7 @@ class _Reader:
                 self._vf(address, folder, index, entries[address])
                 for index, address, folder in sorted(vfs_of[pf.address])
             )
-            row = self._nic(pf, entries[pf.address], vfs)
+            row = self._nic(pf, entries[pf.address] or set(), vfs)
             if row is not None:
                 rows.append(row)
         return rows
@@ -408,7 +409,7 @@ class _Reader:
         stride = self.fs.read_int(f"{pf.dir}/sriov_stride", optional=True) or 1
         return (routing_id(vf_address) - routing_id(pf.address) - offset) // stride
 
-    def _vf(self, address: str, folder: str, index: int, names: set[str]) -> Vf:
+    def _vf(self, address: str, folder: str, index: int, names: set[str] | None) -> Vf:
         netdevs = self._listing(folder, "net", names)
         rdma = self._listing(folder, "infiniband", names)
         verbs = self._listing(folder, "infiniband_verbs", names)
@@ -417,12 +418,13 @@ class _Reader:
             vf_index=index,
             rdma_device=rdma[0] if rdma else None,
             netdev=self._pick_netdev(folder, netdevs),
-            driver=self._driver(folder) if "driver" in names else None,
+            driver=self._driver(folder) if names is None or "driver" in names else None,
             uverbs=self._pick_uverbs(folder, verbs, rdma[0] if rdma else None),
         )
 
-    def _listing(self, folder: str, sub: str, names: set[str]) -> list[str]:
-        if sub not in names:
+    def _listing(self, folder: str, sub: str, names: set[str] | None) -> list[str]:
+        """Entries of a subfolder; `names` (the folder's listing, when known) saves a call."""
+        if names is not None and sub not in names:
             return []
         return sorted(self.fs.listdir(f"{folder}/{sub}", optional=True))
 
