@@ -1,0 +1,194 @@
+"""What the simulator measures per policy, accumulated as arrivals are placed.
+
+The keys of `PolicyMetrics.as_json()` are the `metrics.json` contract (camelCase, one dict
+per policy); `docs/simulator.md` defines each of them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from railyard.allocation.ledger import Ledger
+from railyard.allocation.types import Allocation
+from railyard.sim.arrivals import Arrival
+from railyard.sim.judge import JudgedPair, collective_efficiency, gdr_capable, judge
+from railyard.topology.model import GDR_LIMIT, Distance, NodeTopology
+
+# Cell codes of the node heatmap: free, held without a NIC, then paired by class.
+CELL_FREE = 0
+CELL_NO_NIC = 1
+CELL_PAIRED = {d: 2 + int(d) for d in Distance}
+
+
+@dataclass(slots=True)
+class PolicyMetrics:
+    policy: str
+    cluster_gpus: int
+    arrived: int = 0
+    placed: int = 0
+    allocated_gpus: int = 0
+    arrived_gpus: int = 0
+    first_failure_ratio: float | None = None
+    multi_arrived: int = 0
+    multi_placed: int = 0
+    multi_gdr: int = 0
+    rdma_placed: int = 0
+    limit_violations: int = 0  # placed pods whose pairs break their maxDistance
+    pairs: Counter = field(default_factory=Counter)
+    multi_efficiency: list[float] = field(default_factory=list)
+    rdma_efficiency: list[float] = field(default_factory=list)
+    latencies_s: list[float] = field(default_factory=list)
+    curve: list[tuple[float, float]] = field(default_factory=list)  # (arrived, allocated) / GPUs
+    judged: dict[str, list[JudgedPair]] = field(default_factory=dict)  # uid -> pairs
+    failures: Counter = field(default_factory=Counter)  # kind -> count
+    end: dict[str, int] = field(default_factory=dict)  # end-of-run NIC and GPU states
+    full_load: dict[str, float] = field(default_factory=dict)  # when arrivals reach 100%
+
+    def record(self, arrival: Arrival, result: object, topology: NodeTopology | None,
+               latency_s: float) -> None:
+        req = arrival.request
+        self.arrived += 1
+        self.arrived_gpus += req.gpus
+        self.latencies_s.append(latency_s)
+        multi = arrival.is_multi_gpu
+        self.multi_arrived += multi
+        if isinstance(result, Allocation) and topology is not None:
+            self.placed += 1
+            self.allocated_gpus += req.gpus
+            pairs = judge(topology, result) if req.vfs else []
+            self.judged[arrival.uid] = pairs
+            self.pairs.update(p.distance.name for p in pairs)
+            if req.max_distance is not None and any(p.distance > req.max_distance
+                                                    for p in pairs):
+                self.limit_violations += 1
+            if req.vfs:
+                self.rdma_placed += 1
+                self.rdma_efficiency.append(collective_efficiency(pairs))
+            if multi:
+                self.multi_placed += 1
+                self.multi_efficiency.append(collective_efficiency(pairs))
+                self.multi_gdr += gdr_capable(pairs, req.gpus)
+        else:
+            self.failures[arrival.kind] += 1
+            if self.first_failure_ratio is None:
+                self.first_failure_ratio = self.allocated_gpus / self.cluster_gpus
+        self.curve.append((self.arrived_gpus / self.cluster_gpus,
+                           self.allocated_gpus / self.cluster_gpus))
+
+    @property
+    def reached_full_load(self) -> bool:
+        return self.arrived_gpus >= self.cluster_gpus
+
+    def snapshot_full_load(self, topologies: Sequence[NodeTopology],
+                           ledgers: Mapping[str, Ledger]) -> None:
+        """The state when requested GPUs first reach the cluster's GPUs (FGD's 100% load):
+        the cluster is not yet full, so stranded NICs and allocation still differ."""
+        states = nic_states(topologies, ledgers)
+        self.full_load = {
+            "gpuAllocationRatio": round(self.gpu_allocation_ratio, 6),
+            "strandedVfs": states["strandedVfs"],
+            "strandedNics": states["strandedNics"],
+            "freeGpusWithoutGdrNic": states["freeGpusWithoutGdrNic"],
+        }
+
+    def finish(self, topologies: Sequence[NodeTopology], ledgers: Mapping[str, Ledger]) -> None:
+        self.end = nic_states(topologies, ledgers)
+
+    # ------------------------------------------------------------------ summary
+
+    @property
+    def gpu_allocation_ratio(self) -> float:
+        return self.allocated_gpus / self.cluster_gpus
+
+    @property
+    def gdr_pod_share(self) -> float:
+        return self.multi_gdr / self.multi_arrived if self.multi_arrived else 0.0
+
+    def as_json(self, with_latency: bool = True) -> dict[str, object]:
+        out: dict[str, object] = {
+            "podsArrived": self.arrived,
+            "podsPlaced": self.placed,
+            "podsFailed": self.arrived - self.placed,
+            "failuresByKind": dict(sorted(self.failures.items())),
+            "gpusRequested": self.arrived_gpus,
+            "gpusAllocated": self.allocated_gpus,
+            "clusterGpus": self.cluster_gpus,
+            "gpuAllocationRatio": round(self.gpu_allocation_ratio, 6),
+            "gpuAllocationRatioAtFirstFailure": (
+                None if self.first_failure_ratio is None else round(self.first_failure_ratio, 6)),
+            "pairsByDistance": {d.name: self.pairs.get(d.name, 0) for d in Distance},
+            "multiGpuPodsArrived": self.multi_arrived,
+            "multiGpuPodsPlaced": self.multi_placed,
+            "gdrCapableMultiGpuPods": self.multi_gdr,
+            "gdrCapablePodShare": round(self.gdr_pod_share, 6),
+            "rdmaPodsPlaced": self.rdma_placed,
+            "collectiveEfficiencyMultiGpu": _mean(self.multi_efficiency),
+            "networkEfficiencyRdmaPods": _mean(self.rdma_efficiency),
+            "maxDistanceViolations": self.limit_violations,
+            **self.end,
+            "atFullLoad": dict(self.full_load),
+        }
+        if with_latency:
+            out["decisionLatencyP50Ms"] = round(1000 * _quantile(self.latencies_s, 0.50), 4)
+            out["decisionLatencyP99Ms"] = round(1000 * _quantile(self.latencies_s, 0.99), 4)
+        return out
+
+
+def nic_states(topologies: Sequence[NodeTopology],
+               ledgers: Mapping[str, Ledger]) -> dict[str, int]:
+    """Stranded VFs and NICs (free VFs of a PF with no free GPU within PXB) and free GPUs
+    without a GDR-capable NIC left (no PF within PXB with a free VF)."""
+    stranded_vfs = stranded_nics = free_vfs = unaligned_gpus = free_gpus = 0
+    for t in topologies:
+        led = ledgers[t.node]
+        free_g = [g.pci_address for g in t.gpus if g.pci_address not in led.used_gpus]
+        free_gpus += len(free_g)
+        pf_free = {n.pci_address: len(n.vfs) - led.vfs_used_on(n.pci_address)
+                   for n in t.nics if n.vfs and not n.default_route
+                   and n.pci_address not in led.used_pfs}
+        for pf, free in pf_free.items():
+            free_vfs += free
+            if free and not any(t.distance[g][pf] <= GDR_LIMIT for g in free_g):
+                stranded_vfs += free
+                stranded_nics += 1
+        for g in free_g:
+            if not any(free and t.distance[g][pf] <= GDR_LIMIT for pf, free in pf_free.items()):
+                unaligned_gpus += 1
+    return {"freeVfs": free_vfs, "strandedVfs": stranded_vfs, "strandedNics": stranded_nics,
+            "freeGpus": free_gpus, "freeGpusWithoutGdrNic": unaligned_gpus}
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(statistics.fmean(xs), 6) if xs else None
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Nearest-rank quantile: a value that really occurred."""
+    if not xs:
+        return 0.0
+    ordered = sorted(xs)
+    k = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    return ordered[k]
+
+
+def heatmap_rows(topology: NodeTopology, ledger: Ledger,
+                 judged: Mapping[str, list[JudgedPair]]) -> list[int]:
+    """One row of the node heatmap: a cell code per GPU in index order."""
+    cls_of: dict[str, Distance] = {}
+    held: set[str] = set()
+    for uid, alloc in ledger.holders():
+        held.update(g.pci_address for g in alloc.all_gpus)
+        for p in judged.get(uid, ()):
+            cls_of[p.gpu] = p.distance
+    row = []
+    for g in sorted(topology.gpus, key=lambda g: g.index):
+        if g.pci_address in cls_of:
+            row.append(CELL_PAIRED[cls_of[g.pci_address]])
+        elif g.pci_address in held:
+            row.append(CELL_NO_NIC)
+        else:
+            row.append(CELL_FREE)
+    return row

@@ -1,0 +1,109 @@
+"""Run policies over one cluster and one arrival sequence, and collect their metrics.
+
+Every policy gets fresh ledgers and exactly the same arrivals; pods stay once placed (no
+departures: the run measures how well a growing load is packed, as the FGD paper does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from railyard.sim.arrivals import Arrival
+from railyard.sim.metrics import PolicyMetrics, heatmap_rows
+from railyard.sim.policies import BASELINES, Policy
+from railyard.topology.model import NodeTopology
+
+DEFAULT_POLICIES = ("railyard", "random", "numa", "koordinator", "best-fit")
+# Also accepted: the extender's allocator with spread packing, for comparison.
+EXTRA_POLICIES = ("railyard-spread",)
+HEATMAP_NODES = 12
+
+
+class PolicyError(ValueError):
+    """An unknown policy name."""
+
+
+def parse_policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    known = (*DEFAULT_POLICIES, *EXTRA_POLICIES)
+    for n in names:
+        if n not in known:
+            raise PolicyError(f"unknown policy {n!r}: expected some of {', '.join(known)}")
+    if not names:
+        raise PolicyError(f"no policy given: expected some of {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int) -> Policy:
+    if name in BASELINES:
+        return BASELINES[name](topologies, seed)
+    # Imported here: the baselines need nothing from the extender.
+    from railyard.sim.railyard_policy import RailyardPolicy
+
+    if name == "railyard":
+        return RailyardPolicy(topologies, seed)
+    if name == "railyard-spread":
+        policy = RailyardPolicy(topologies, seed, packing="spread")
+        policy.name = name
+        return policy
+    raise PolicyError(f"unknown policy {name!r}")
+
+
+def sample_nodes(topologies: Sequence[NodeTopology], count: int = HEATMAP_NODES) -> list[str]:
+    """An even spread of node names across the cluster (so every profile shows up)."""
+    n = len(topologies)
+    if n <= count:
+        return [t.node for t in topologies]
+    return [topologies[(i * n) // count].node for i in range(count)]
+
+
+@dataclass(slots=True)
+class PolicyResult:
+    metrics: PolicyMetrics
+    heatmap: list[list[int]]  # rows of sample_nodes, one cell code per GPU
+
+
+@dataclass(slots=True)
+class SimResult:
+    cluster_gpus: int
+    nodes: list[str]  # the heatmap's sample
+    results: dict[str, PolicyResult]
+
+    def metrics_json(self, with_latency: bool = True) -> dict[str, dict[str, object]]:
+        return {name: r.metrics.as_json(with_latency) for name, r in self.results.items()}
+
+
+def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
+             policies: Sequence[str], seed: int,
+             progress: Callable[[str], None] | None = None) -> SimResult:
+    """Place `arrivals` with each policy in turn; `progress(policy)` is called per arrival."""
+    by_name = {t.node: t for t in topologies}
+    cluster_gpus = sum(len(t.gpus) for t in topologies)
+    if cluster_gpus == 0:
+        raise ValueError("the cluster has no GPUs")
+    sample = sample_nodes(topologies)
+    results: dict[str, PolicyResult] = {}
+    for name in policies:
+        policy = make_policy(name, topologies, seed)
+        m = PolicyMetrics(name, cluster_gpus)
+        clock = time.perf_counter
+        for arrival in arrivals:
+            t0 = clock()
+            result = policy.place(arrival.uid, arrival.request)
+            dt = clock() - t0
+            topo = by_name.get(getattr(result, "node", ""))
+            full = m.reached_full_load
+            m.record(arrival, result, topo, dt)
+            if not full and m.reached_full_load:
+                m.snapshot_full_load(topologies, policy.ledgers())
+            if progress is not None:
+                progress(name)
+        ledgers = policy.ledgers()
+        if not m.full_load:
+            m.snapshot_full_load(topologies, ledgers)
+        m.finish(topologies, ledgers)
+        heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
+        results[name] = PolicyResult(m, heat)
+    return SimResult(cluster_gpus, sample, results)
