@@ -1,0 +1,51 @@
+"""Prometheus metrics of the extender: latency per verb, allocations, failures by reason.
+
+Each service owns its registry (tests start many services in one process). Reasons are a
+short fixed vocabulary, never the allocator's free text, to keep label cardinality low.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+VERBS = ("filter", "prioritize", "bind", "preempt", "release")
+# Failure reasons: what an operator can act on.
+BAD_REQUEST = "bad_request"  # malformed JSON, pod without UID, bad annotation
+UNKNOWN_NODE = "unknown_node"  # a node we have no topology for
+BLOCKED = "blocked"  # devices held by other pods (preemption may help)
+UNRESOLVABLE = "unresolvable"  # the node can never host the request
+NOT_SEEN = "not_seen"  # bind for a pod we never filtered (extender restarted)
+ALREADY_BOUND = "already_bound"  # bind of a UID already bound to another node
+WRITE_FAILED = "write_failed"  # recording the binding failed; ledger rolled back
+
+# Filter is expected in the low milliseconds; bind includes an fsync.
+_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        latency = Histogram(
+            "railyard_extender_request_duration_seconds",
+            "Time to answer one kube-scheduler extender call, by verb.",
+            ["verb"], buckets=_BUCKETS, registry=self.registry)
+        self.latency = {v: latency.labels(v) for v in VERBS}
+        self.allocations = Counter(
+            "railyard_extender_allocations", "Pods bound with a Railyard allocation.",
+            registry=self.registry)
+        self._failures = Counter(
+            "railyard_extender_failures",
+            "Calls (bind, preempt, bad requests) and filtered nodes that failed, by reason.",
+            ["verb", "reason"], registry=self.registry)
+        self.pods = Gauge("railyard_extender_bound_pods",
+                          "Pods currently holding Railyard devices.", registry=self.registry)
+
+    def failure(self, verb: str, reason: str, count: int = 1) -> None:
+        if count:
+            self._failures.labels(verb, reason).inc(count)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,349 @@
+"""The kube-scheduler HTTP extender: filter, prioritize, bind, preempt, plus admin endpoints.
+
+Thin: decode the message (wire), ask the ClusterState, encode the answer. Everything runs
+on one asyncio loop; the state's work is synchronous and short, so a bind's allocate +
+ledger add is atomic with respect to other binds, and the only awaits are the writes
+(`ClusterWriter`), made after the devices are held and undone if they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from railyard.allocation.types import Infeasible
+from railyard.scheduler import metrics as m
+from railyard.scheduler.cluster_file import BoundPod, pod_to_json
+from railyard.scheduler.metrics import Metrics
+from railyard.scheduler.state import ClusterState
+from railyard.scheduler.state_file import StateFile
+from railyard.scheduler.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    PodFacts,
+    WireError,
+    decode,
+    encode,
+    node_list_names,
+    pod_facts,
+    victim_uids,
+)
+
+log = logging.getLogger("railyard.scheduler")
+
+DEFAULT_POD_CACHE = 10_000
+JSON = "application/json"
+
+
+class ClusterWriter(Protocol):
+    """Where a bind is recorded: the Allocation on the pod, then the Binding.
+
+    Today the state file (`StateFile`); the Kubernetes client implements the same call later
+    (annotation `railyard.dev/allocation`, then `pods/binding`). Raises on failure.
+    """
+
+    async def bind(self, pod: BoundPod) -> None: ...
+
+
+class PodCache:
+    """Pods seen in filter/prioritize/preempt, by UID: bind carries only names and the UID.
+
+    Bounded (least recently seen goes first) so a flood of pods cannot grow memory forever.
+    """
+
+    def __init__(self, capacity: int = DEFAULT_POD_CACHE) -> None:
+        self.capacity = capacity
+        self._pods: OrderedDict[str, PodFacts] = OrderedDict()
+
+    def put(self, facts: PodFacts) -> None:
+        self._pods[facts.uid] = facts
+        self._pods.move_to_end(facts.uid)
+        while len(self._pods) > self.capacity:
+            self._pods.popitem(last=False)
+
+    def get(self, uid: str) -> PodFacts | None:
+        return self._pods.get(uid)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=encode(body), status=status, content_type=JSON)
+
+
+def _filter_reply(*, nodes: Any = None, names: list[str] | None = None,
+                  failed: dict[str, str] | None = None,
+                  unresolvable: dict[str, str] | None = None, error: str = "") -> web.Response:
+    return _json({"Nodes": nodes, "NodeNames": names, "FailedNodes": failed or {},
+                  "FailedAndUnresolvableNodes": unresolvable or {}, "Error": error})
+
+
+class Extender:
+    """The extender's handlers over one ClusterState."""
+
+    def __init__(self, state: ClusterState, writer: ClusterWriter | None = None, *,
+                 state_file: StateFile | None = None, metrics: Metrics | None = None,
+                 pod_cache: int = DEFAULT_POD_CACHE) -> None:
+        self.state = state
+        self.writer = writer
+        self.state_file = state_file
+        self.metrics = metrics or Metrics()
+        self.pods = PodCache(pod_cache)
+        # Binds whose writes are in flight, by UID: a retry of the same bind waits for the
+        # first one's outcome instead of allocating twice.
+        self._inflight: dict[str, asyncio.Future[str]] = {}
+        self.metrics.pods.set(len(state.pods()))
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)  # a NodeList of 5,000 nodes is large
+        app.router.add_post("/filter", self.filter)
+        app.router.add_post("/prioritize", self.prioritize)
+        app.router.add_post("/bind", self.bind)
+        app.router.add_post("/preempt", self.preempt)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.get_metrics)
+        app.router.add_get("/allocations", self.allocations)
+        app.router.add_delete("/pods/{uid}", self.delete_pod)
+        return app
+
+    # ------------------------------------------------------------------ filter
+
+    async def filter(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            return self._filter(await request.read())
+        finally:
+            self.metrics.latency["filter"].observe(time.perf_counter() - t0)
+
+    def _filter(self, body: bytes) -> web.Response:
+        try:
+            args = decode(body, ExtenderArgs)
+            facts = pod_facts(args.Pod)
+            if args.NodeNames is not None:
+                names, node_list = args.NodeNames, None
+            elif args.Nodes is not None:
+                node_list = args.Nodes
+                names = node_list_names(node_list)
+            else:
+                raise WireError("ExtenderArgs: neither NodeNames nor Nodes given")
+        except WireError as e:
+            self.metrics.failure("filter", m.BAD_REQUEST)
+            return _filter_reply(error=str(e))
+        self.pods.put(facts)
+        out = self.state.filter(facts.request, names)
+        unknown = sum(1 for n in out.unresolvable if n not in self.state)
+        self.metrics.failure("filter", m.UNKNOWN_NODE, unknown)
+        self.metrics.failure("filter", m.UNRESOLVABLE, len(out.unresolvable) - unknown)
+        self.metrics.failure("filter", m.BLOCKED, len(out.failed))
+        if node_list is None:
+            return _filter_reply(names=out.fits, failed=out.failed,
+                                 unresolvable=out.unresolvable)
+        fits = set(out.fits)
+        kept = [item for item, name in zip(node_list.get("items") or [], names, strict=True)
+                if name in fits]
+        return _filter_reply(nodes={**node_list, "items": kept}, failed=out.failed,
+                             unresolvable=out.unresolvable)
+
+    # ------------------------------------------------------------------ prioritize
+
+    async def prioritize(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            body = await request.read()
+            try:
+                args = decode(body, ExtenderArgs)
+                facts = pod_facts(args.Pod)
+                if args.NodeNames is not None:
+                    names = args.NodeNames
+                elif args.Nodes is not None:
+                    names = node_list_names(args.Nodes)
+                else:
+                    raise WireError("ExtenderArgs: neither NodeNames nor Nodes given")
+            except WireError as e:
+                # HostPriorityList has no Error field: say it with the status.
+                self.metrics.failure("prioritize", m.BAD_REQUEST)
+                return web.Response(status=400, text=str(e))
+            self.pods.put(facts)
+            scores = self.state.scores(facts.request, names)
+            return _json([{"Host": n, "Score": s} for n, s in scores.items()])
+        finally:
+            self.metrics.latency["prioritize"].observe(time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ bind
+
+    async def bind(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            try:
+                args = decode(await request.read(), ExtenderBindingArgs)
+            except WireError as e:
+                self.metrics.failure("bind", m.BAD_REQUEST)
+                return _json({"Error": str(e)})
+            return _json({"Error": await self.bind_pod(args)})
+        finally:
+            self.metrics.latency["bind"].observe(time.perf_counter() - t0)
+
+    async def bind_pod(self, args: ExtenderBindingArgs) -> str:
+        """Bind one pod; the empty string on success, else the error for kube-scheduler."""
+        uid = args.PodUID
+        who = f"pod {args.PodNamespace}/{args.PodName} ({uid})"
+        pending = self._inflight.get(uid)
+        if pending is not None:
+            error = await asyncio.shield(pending)
+            if error or (held := self.state.pod(uid)) is None or held.node == args.Node:
+                return error
+            return f"{who} is already bound to {held.node!r}"
+        held = self.state.pod(uid)
+        if held is not None:
+            if held.node == args.Node:
+                return ""  # a retry of a bind that succeeded: nothing more to do
+            self.metrics.failure("bind", m.ALREADY_BOUND)
+            return f"{who} is already bound to {held.node!r}"
+        facts = self.pods.get(uid)
+        if facts is None:
+            self.metrics.failure("bind", m.NOT_SEEN)
+            return (f"{who} was not seen in a filter call (extender restarted?); "
+                    "kube-scheduler will retry")
+        if args.Node not in self.state:
+            self.metrics.failure("bind", m.UNKNOWN_NODE)
+            return f"cannot bind {who}: node {args.Node!r} is not known to Railyard"
+
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._inflight[uid] = done
+        error = ""
+        try:
+            error = await self._bind(args, facts, who)
+        except Exception as e:  # never leave a waiter hanging; report, don't crash
+            log.exception("bind of %s failed", who)
+            error = f"binding {who} failed: {e}"
+        finally:
+            del self._inflight[uid]
+            done.set_result(error)
+        return error
+
+    async def _bind(self, args: ExtenderBindingArgs, facts: PodFacts, who: str) -> str:
+        if not facts.request.wants_devices:
+            # None of our resources: only the Binding to create.
+            pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, None)
+            return await self._write(pod, who, rollback=False)
+        result = self.state.bind(args.PodUID, args.PodNamespace, args.PodName, args.Node,
+                                 facts.request)
+        if isinstance(result, Infeasible):
+            self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
+            return f"cannot bind {who} to {args.Node}: {result.reason}"
+        pod = self.state.pod(args.PodUID)
+        assert pod is not None
+        error = await self._write(pod, who, rollback=True)
+        if not error:
+            self.metrics.allocations.inc()
+            self.metrics.pods.set(len(self.state.pods()))
+        return error
+
+    async def _write(self, pod: BoundPod, who: str, *, rollback: bool) -> str:
+        if self.writer is None:
+            return ""
+        try:
+            await self.writer.bind(pod)
+        except Exception as e:  # any writer failure: undo, let kube-scheduler retry
+            if rollback:
+                self.state.release(pod.uid)
+            self.metrics.failure("bind", m.WRITE_FAILED)
+            log.warning("recording %s on %s failed: %s", who, pod.node, e)
+            return f"recording {who} on {pod.node} failed (nothing held): {e}"
+        return ""
+
+    # ------------------------------------------------------------------ preempt
+
+    async def preempt(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        try:
+            try:
+                args = decode(await request.read(), ExtenderPreemptionArgs)
+                facts = pod_facts(args.Pod)
+                candidates: dict[str, tuple[list[str], int]] = {}
+                if args.NodeNameToMetaVictims is not None:
+                    for node, v in args.NodeNameToMetaVictims.items():
+                        candidates[node] = ([p.UID for p in v.Pods or []], v.NumPDBViolations)
+                elif args.NodeNameToVictims is not None:
+                    for node, vv in args.NodeNameToVictims.items():
+                        uids = victim_uids(vv, f"NodeNameToVictims[{node}]")
+                        candidates[node] = (uids, vv.NumPDBViolations)
+            except WireError as e:
+                # ExtenderPreemptionResult has no Error field: say it with the status.
+                self.metrics.failure("preempt", m.BAD_REQUEST)
+                return web.Response(status=400, text=str(e))
+            self.pods.put(facts)
+            out: dict[str, Any] = {}
+            for node, (uids, pdb) in candidates.items():
+                if not facts.request.wants_devices:
+                    chosen: list[str] | None = uids
+                else:
+                    chosen = self.state.victims(facts.request, node, uids)
+                if chosen is None:
+                    continue  # no subset of the proposed victims makes room here
+                # kube-scheduler's PDB count for its own set bounds ours from above.
+                out[node] = {"Pods": [{"UID": u} for u in chosen],
+                             "NumPDBViolations": pdb if chosen else 0}
+            return _json({"NodeNameToMetaVictims": out})
+        finally:
+            self.metrics.latency["preempt"].observe(time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ admin
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def get_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": Metrics.content_type})
+
+    async def allocations(self, request: web.Request) -> web.Response:
+        return _json({"pods": [pod_to_json(p) for p in self.state.pods()]})
+
+    async def delete_pod(self, request: web.Request) -> web.Response:
+        """`DELETE /pods/<uid>`: the pod left; free its devices (until the Kubernetes watch)."""
+        t0 = time.perf_counter()
+        try:
+            uid = request.match_info["uid"]
+            pending = self._inflight.get(uid)
+            if pending is not None:
+                await asyncio.shield(pending)  # the release must follow the bind's record
+            pod = self.state.pod(uid)
+            if pod is None:
+                return _json({"error": f"no pod with uid {uid!r} holds Railyard devices"}, 404)
+            if self.state_file is not None:
+                try:
+                    await self.state_file.release(uid)
+                except Exception as e:  # nothing freed: the record still says it is held
+                    log.warning("recording the release of %s failed: %s", uid, e)
+                    return _json({"error": f"recording the release failed: {e}"}, 503)
+            self.state.release(uid)
+            self.metrics.pods.set(len(self.state.pods()))
+            return _json({"released": pod_to_json(pod)})
+        finally:
+            self.metrics.latency["release"].observe(time.perf_counter() - t0)
+
+
+async def start(extender: Extender, host: str, port: int) -> web.AppRunner:
+    """Serve `extender` on host:port (port 0: any free port); stop with `runner.cleanup()`."""
+    runner = web.AppRunner(extender.app(), access_log=None)  # a log line per call costs
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    """The port the first site listens on (useful after binding port 0)."""
+    for site in runner.sites:
+        server = getattr(site, "_server", None)
+        if server is not None and server.sockets:
+            return server.sockets[0].getsockname()[1]
+    raise RuntimeError("the extender is not listening")

@@ -1,0 +1,129 @@
+"""kube-scheduler's extender messages (extender/v1) as msgspec types, plus the Pod facts we use.
+
+The Go structs have no json tags, so the keys are the Go field names, capitalised
+(`shared/reference/scheduler-extender.md`). msgspec decodes the large Pod and node lists in
+C and reports type errors with a JSON path, which becomes the `Error` a user reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from railyard.allocation.request import Request, RequestError, request_from_pod
+
+
+class WireError(ValueError):
+    """A request kube-scheduler (or someone) sent that we cannot use; message names the field."""
+
+
+class ExtenderArgs(msgspec.Struct):
+    """filter and prioritize: `Nodes` (a v1 NodeList) or `NodeNames`, the other one null."""
+
+    Pod: dict[str, Any] | None = None
+    Nodes: dict[str, Any] | None = None
+    NodeNames: list[str] | None = None
+
+
+class ExtenderBindingArgs(msgspec.Struct):
+    PodName: str
+    PodNamespace: str
+    PodUID: str
+    Node: str
+
+
+class MetaPod(msgspec.Struct):
+    UID: str
+
+
+class MetaVictims(msgspec.Struct):
+    Pods: list[MetaPod] | None = None
+    NumPDBViolations: int = 0
+
+
+class Victims(msgspec.Struct):
+    Pods: list[dict[str, Any]] | None = None
+    NumPDBViolations: int = 0
+
+
+class ExtenderPreemptionArgs(msgspec.Struct):
+    Pod: dict[str, Any] | None = None
+    NodeNameToVictims: dict[str, Victims] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+
+T = TypeVar("T")
+
+_decoders: dict[type, msgspec.json.Decoder] = {t: msgspec.json.Decoder(t) for t in
+             (ExtenderArgs, ExtenderBindingArgs, ExtenderPreemptionArgs)}
+encode = msgspec.json.Encoder().encode
+
+
+def decode(body: bytes, kind: type[T]) -> T:
+    try:
+        return _decoders[kind].decode(body)
+    except msgspec.ValidationError as e:
+        raise WireError(f"{kind.__name__}: {e}") from None
+    except msgspec.DecodeError as e:
+        raise WireError(f"{kind.__name__}: malformed JSON: {e}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    uid: str
+    namespace: str
+    name: str
+    request: Request
+
+
+def pod_facts(pod: dict[str, Any] | None) -> PodFacts:
+    """UID, namespace, name and the parsed Railyard request of a v1 Pod."""
+    if pod is None:
+        raise WireError("Pod: missing")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        raise WireError("Pod.metadata: missing or not an object")
+    uid = meta.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise WireError("Pod.metadata.uid: missing (bind is keyed by UID)")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise WireError("Pod.metadata.name: missing")
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise WireError("Pod.metadata.namespace: expected a string")
+    try:
+        request = request_from_pod(pod)
+    except RequestError as e:
+        raise WireError(f"Pod {namespace}/{name}: {e}") from None
+    return PodFacts(uid, namespace, name, request)
+
+
+def node_list_names(nodes: dict[str, Any]) -> list[str]:
+    """Names of a v1 NodeList's items, in order."""
+    items = nodes.get("items")
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise WireError("Nodes.items: expected a list")
+    names = []
+    for i, item in enumerate(items):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise WireError(f"Nodes.items[{i}].metadata.name: missing")
+        names.append(name)
+    return names
+
+
+def victim_uids(v: Victims, where: str) -> list[str]:
+    uids = []
+    for i, pod in enumerate(v.Pods or []):
+        meta = pod.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, dict) else None
+        if not isinstance(uid, str) or not uid:
+            raise WireError(f"{where}.Pods[{i}].metadata.uid: missing")
+        uids.append(uid)
+    return uids
