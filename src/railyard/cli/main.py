@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import railyard.cli.scheduler  # noqa: F401  (registers `scheduler`)
 from railyard.cli import discover  # noqa: F401  (registers `discover`, `fixture`)
 from railyard.cli.app import app
 

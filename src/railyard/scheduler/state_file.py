@@ -90,13 +90,16 @@ class StateFile:
     @classmethod
     def open(cls, path: str | Path,
              seed: Iterable[BoundPod] = ()) -> tuple[StateFile, list[BoundPod]]:
-        """Load `path` (or start it from `seed`, e.g. a cluster file's pods, when it does not
-        exist yet), rewrite it as a snapshot and open it for appending."""
+        """Load `path`, or start from `seed` (a cluster file's pods) when it does not exist
+        yet. Nothing is written until `compact()` or the first record, so the caller can
+        validate the pods first."""
         p = Path(path)
         pods = read_state(p) if p.exists() else list(seed)
-        sf = cls(p, pods)
-        sf._compact()
-        return sf, pods
+        return cls(p, pods), pods
+
+    def compact(self) -> None:
+        """Rewrite the file as a snapshot of the live pods and open it for appending."""
+        self._compact()
 
     # ------------------------------------------------------------------ writing (sync)
 
