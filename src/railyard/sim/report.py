@@ -1,0 +1,434 @@
+"""The simulator's report: metrics.json, charts as PNG, and one self-contained report.html.
+
+Charts are drawn with matplotlib's Agg backend (no display needed) and embedded into the
+HTML as base64 PNGs, so the report opens anywhere without a network.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.patches import Patch
+
+from railyard.sim.judge import CLASS_FACTOR
+from railyard.sim.metrics import CELL_FREE
+from railyard.sim.run import SimResult
+from railyard.topology.model import Distance
+
+POLICY_COLOURS = {
+    "railyard": "#0b7a75",
+    "railyard-spread": "#62b6b1",
+    "random": "#9a9a9a",
+    "numa": "#8c6bb1",
+    "koordinator": "#e08e0b",
+    "best-fit": "#3f6fb0",
+}
+CLASS_COLOURS = {
+    Distance.PIX: "#1a9850",
+    Distance.PXB: "#91cf60",
+    Distance.PHB: "#fee08b",
+    Distance.NODE: "#fc8d59",
+    Distance.SYS: "#d73027",
+}
+FREE_COLOUR = "#eeeeee"
+NO_NIC_COLOUR = "#9ecae1"
+DPI = 130
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What was run, for the report's header and notes."""
+
+    cluster: str
+    trace: str
+    seed: int
+    vf_share: float
+    strict: bool
+    arrivals: int
+    multi_gpu_arrivals: int
+    fractional_pods: int
+    cpu_only_rows: int
+    nodes: int
+    wall_s: float | None = None
+
+
+def _colour(policy: str) -> str:
+    return POLICY_COLOURS.get(policy, "#555555")
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+# ------------------------------------------------------------------------ the table
+
+TABLE_COLUMNS = (
+    "policy", "pods placed", "GPU alloc. at 1st failure", "at 100% load", "at end",
+    "multi-GPU placed", "GDR-capable multi-GPU", "est. collective eff.",
+    "pairs PIX/PXB/PHB/NODE/SYS", "stranded NICs (100% load)", "latency p50 / p99 ms",
+)
+
+
+def table_rows(result: SimResult) -> list[list[str]]:
+    """One row per policy, as the console table and the HTML table show it."""
+    rows = []
+    for name, r in result.results.items():
+        m = r.metrics.as_json()
+        eff = m["collectiveEfficiencyMultiGpu"]
+        pairs = m["pairsByDistance"]
+        rows.append([
+            name,
+            f"{m['podsPlaced']}/{m['podsArrived']}",
+            _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "no failure",
+            _pct(m["atFullLoad"].get("gpuAllocationRatio")),
+            _pct(m["gpuAllocationRatio"]),
+            f"{m['multiGpuPodsPlaced']}/{m['multiGpuPodsArrived']}",
+            f"{m['gdrCapableMultiGpuPods']}/{m['multiGpuPodsArrived']} "
+            f"({_pct(m['gdrCapablePodShare'])})",
+            "–" if eff is None else f"{eff:.2f}",
+            "/".join(str(pairs[d.name]) for d in Distance),
+            str(m["atFullLoad"].get("strandedNics", "–")),
+            f"{m['decisionLatencyP50Ms']:.2f} / {m['decisionLatencyP99Ms']:.2f}",
+        ])
+    return rows
+
+
+def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
+    """The comparison transposed (a metric per row, a policy per column): narrow enough for
+    an 80-column terminal with five policies."""
+    ms = [r.metrics.as_json() for r in result.results.values()]
+
+    def row(label: str, f) -> tuple[str, list[str]]:
+        return label, [f(m) for m in ms]
+
+    def eff(m: dict) -> str:
+        v = m["collectiveEfficiencyMultiGpu"]
+        return "–" if v is None else f"{v:.2f}"
+
+    def pairs(m: dict, ds: tuple[Distance, ...]) -> str:
+        return "/".join(str(m["pairsByDistance"][d.name]) for d in ds)
+
+    return [
+        row("pods placed", lambda m: f"{m['podsPlaced']}/{m['podsArrived']}"),
+        row("GPU alloc. at 1st failure",
+            lambda m: _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "none"),
+        row("GPU alloc. at 100% load", lambda m: _pct(m["atFullLoad"].get("gpuAllocationRatio"))),
+        row("GPU alloc. at end", lambda m: _pct(m["gpuAllocationRatio"])),
+        row("multi-GPU pods placed",
+            lambda m: f"{m['multiGpuPodsPlaced']}/{m['multiGpuPodsArrived']}"),
+        row("  GDR-capable (≤ PXB)",
+            lambda m: f"{m['gdrCapableMultiGpuPods']}/{m['multiGpuPodsArrived']}"),
+        row("  est. collective eff.", eff),
+        row("pairs PIX/PXB", lambda m: pairs(m, (Distance.PIX, Distance.PXB))),
+        row("pairs PHB/NODE/SYS",
+            lambda m: pairs(m, (Distance.PHB, Distance.NODE, Distance.SYS))),
+        row("stranded NICs, 100% load",
+            lambda m: str(m["atFullLoad"].get("strandedNics", "–"))),
+        row("latency p50 ms", lambda m: f"{m['decisionLatencyP50Ms']:.2f}"),
+        row("latency p99 ms", lambda m: f"{m['decisionLatencyP99Ms']:.2f}"),
+    ]
+
+
+FOOTNOTES = (
+    "No GPU sharing: a pod asking for a fraction of a GPU gets one whole GPU.",
+    "CPU-only pods are left out: they ask for nothing Railyard manages (CPU and memory are "
+    "not simulated).",
+    "Policies without pairing are judged by the best matching of the GPUs and VFs they "
+    "chose (the best NCCL could do with them).",
+    "GDR-capable: every GPU of the pod has its own NIC within PXB, so NCCL uses GPUDirect "
+    "RDMA for every rank. Shares are of the multi-GPU pods that arrived.",
+    "Pods stay once placed (no departures).",
+)
+
+
+# ------------------------------------------------------------------------ charts
+
+
+def chart_allocation(result: SimResult, path: Path) -> None:
+    """GPU allocation ratio as load grows, with each policy's first failure marked."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=DPI)
+    top = max((r.metrics.curve[-1][0] for r in result.results.values() if r.metrics.curve),
+              default=1.3)
+    ax.plot([0, 1], [0, 1], color="#cccccc", lw=1, ls=":", zorder=1)
+    ax.axvline(1.0, color="#bbbbbb", lw=0.8, ls="--", zorder=1)
+    ax.text(1.0, 0.03, " 100% load", color="#888888", fontsize=8, va="bottom")
+    for name, r in result.results.items():
+        xs = [0.0] + [x for x, _ in r.metrics.curve]
+        ys = [0.0] + [y for _, y in r.metrics.curve]
+        lw = 2.4 if name == "railyard" else 1.5
+        ax.plot(xs, ys, color=_colour(name), lw=lw, label=name, zorder=3 if
+                name == "railyard" else 2)
+        ff = r.metrics.first_failure_ratio
+        if ff is not None:
+            k = next(i for i, (_, y) in enumerate(r.metrics.curve) if y >= ff - 1e-12)
+            ax.plot([r.metrics.curve[k][0]], [ff], marker="o", ms=6, mfc="white",
+                    mec=_colour(name), mew=1.8, zorder=4)
+    ax.set_xlim(0, top * 1.01)
+    ax.set_ylim(0, 1.04)
+    ax.set_xlabel("GPUs requested so far / cluster GPUs (arrived load)")
+    ax.set_ylabel("GPUs allocated / cluster GPUs")
+    ax.set_title("GPU allocation as load grows  (○ = the policy's first unplaceable pod)",
+                 fontsize=11, loc="left")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.grid(alpha=0.25)
+    ax.legend(loc="upper left", frameon=False, fontsize=9)
+    _despine(ax)
+    _save(fig, path)
+
+
+def chart_pairs(result: SimResult, path: Path) -> None:
+    """Left: GPU↔NIC pairs by distance class; right: multi-GPU pods and their outcome."""
+    names = list(result.results)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11.5, 0.55 * len(names) + 2.2), dpi=DPI,
+                                   gridspec_kw={"width_ratios": [1.25, 1]})
+    ys = range(len(names))
+    for i, name in enumerate(names):
+        pairs = result.results[name].metrics.pairs
+        total = sum(pairs.values()) or 1
+        left = 0.0
+        for d in Distance:
+            share = pairs.get(d.name, 0) / total
+            if share:
+                ax1.barh(i, share, left=left, color=CLASS_COLOURS[d], edgecolor="white",
+                         lw=0.6)
+                if share >= 0.06:
+                    ax1.text(left + share / 2, i, f"{d.name}\n{100 * share:.0f}%",
+                             ha="center", va="center", fontsize=7,
+                             color="white" if d in (Distance.PIX, Distance.SYS) else "#333")
+            left += share
+        ax1.text(1.01, i, f"{sum(pairs.values())} pairs", va="center", fontsize=8,
+                 color="#666")
+    ax1.set_yticks(list(ys), names)
+    ax1.invert_yaxis()
+    ax1.set_xlim(0, 1.16)
+    ax1.set_xticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax1.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax1.set_title("GPU↔NIC pairs by distance class (PIX/PXB: GPUDirect RDMA)", fontsize=10,
+                  loc="left")
+    _despine(ax1)
+
+    for i, name in enumerate(names):
+        m = result.results[name].metrics
+        parts = [(m.multi_gdr, CLASS_COLOURS[Distance.PIX], "GDR-capable (all pairs ≤ PXB)"),
+                 (m.multi_placed - m.multi_gdr, CLASS_COLOURS[Distance.NODE],
+                  "placed, some rank without GDR"),
+                 (m.multi_arrived - m.multi_placed, "#d9d9d9", "not placed")]
+        left = 0
+        for n, colour, _ in parts:
+            if n:
+                ax2.barh(i, n, left=left, color=colour, edgecolor="white", lw=0.6)
+                ax2.text(left + n / 2, i, str(n), ha="center", va="center", fontsize=8,
+                         color="#222")
+            left += n
+        eff = statistics_mean(m.multi_efficiency)
+        if eff is not None:
+            ax2.text(m.multi_arrived * 1.02, i, f"eff. {eff:.2f}", va="center", fontsize=8,
+                     color="#555")
+    ax2.set_yticks(list(ys), [""] * len(names))
+    ax2.invert_yaxis()
+    most = max((r.metrics.multi_arrived for r in result.results.values()), default=1)
+    ax2.set_xlim(0, max(most, 1) * 1.22)
+    ax2.set_title("Multi-GPU (training) pods", fontsize=10, loc="left")
+    ax2.set_xlabel("pods (eff. = estimated collective bandwidth, 1.00 = aligned)", fontsize=8)
+    ax2.legend(handles=[Patch(color=c, label=lbl) for _, c, lbl in parts], frameon=False,
+               fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
+    _despine(ax2)
+    ax1.legend(handles=[Patch(color=CLASS_COLOURS[d], label=d.name) for d in Distance],
+               frameon=False, fontsize=7.5, loc="upper center", bbox_to_anchor=(0.45, -0.1),
+               ncol=5)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def chart_heatmap(result: SimResult, path: Path) -> None:
+    """Each GPU of a sample of nodes: free, held without a NIC, or paired (by class)."""
+    names = list(result.results)
+    cols = min(3, len(names))
+    rows_n = (len(names) + cols - 1) // cols
+    n_nodes = len(result.nodes)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.1 * cols, 0.34 * n_nodes * rows_n + 1.6),
+                             dpi=DPI, squeeze=False)
+    colours = [FREE_COLOUR, NO_NIC_COLOUR, *(CLASS_COLOURS[d] for d in Distance)]
+    cmap = ListedColormap(colours)
+    norm = BoundaryNorm([x - 0.5 for x in range(len(colours) + 1)], cmap.N)
+    for k, name in enumerate(names):
+        ax = axes[k // cols][k % cols]
+        grid = result.results[name].heatmap
+        width = max((len(r) for r in grid), default=1)
+        padded = [r + [CELL_FREE] * (width - len(r)) for r in grid]
+        ax.imshow(padded, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+        ax.set_xticks(range(width), [str(i) for i in range(width)], fontsize=7)
+        ax.set_yticks(range(len(result.nodes)),
+                      result.nodes if k % cols == 0 else [""] * len(result.nodes), fontsize=7)
+        ax.set_xticks([x - 0.5 for x in range(1, width)], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, len(result.nodes))], minor=True)
+        ax.grid(which="minor", color="white", lw=1.5)
+        ax.tick_params(which="minor", length=0)
+        ax.tick_params(which="major", length=0)
+        ax.set_title(name, fontsize=10, color=_colour(name), loc="left", fontweight="bold")
+        ax.set_xlabel("GPU index", fontsize=7)
+        for side in ax.spines.values():
+            side.set_visible(False)
+    for k in range(len(names), rows_n * cols):
+        axes[k // cols][k % cols].axis("off")
+    handles = [Patch(color=FREE_COLOUR, label="free"),
+               Patch(color=NO_NIC_COLOUR, label="held, no NIC")]
+    handles += [Patch(color=CLASS_COLOURS[d], label=f"paired {d.name}") for d in Distance]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
+               fontsize=8)
+    fig.suptitle("GPUs of a sample of nodes at the end of the run", fontsize=11, x=0.01,
+                 ha="left")
+    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    _save(fig, path)
+
+
+def statistics_mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _despine(ax) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def _save(fig, path: Path) -> None:
+    fig.savefig(path, dpi=DPI, facecolor="white")
+    plt.close(fig)
+
+
+CHARTS = (
+    ("allocation.png", chart_allocation, "GPU allocation ratio as load grows"),
+    ("pairs.png", chart_pairs, "Pairs by distance class, and multi-GPU pods"),
+    ("heatmap.png", chart_heatmap, "A sample of nodes at the end of the run"),
+)
+
+
+# ------------------------------------------------------------------------ writing
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(result: SimResult, info: RunInfo, outdir: Path) -> Path:
+    """Write metrics.json, the chart PNGs and report.html into `outdir`; return the HTML."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    metrics = result.metrics_json()
+    _atomic_write(outdir / "metrics.json",
+                  (json.dumps(metrics, indent=2, sort_keys=False) + "\n").encode())
+    images = {}
+    for filename, draw, title in CHARTS:
+        path = outdir / filename
+        draw(result, path)
+        images[filename] = (title, base64.b64encode(path.read_bytes()).decode("ascii"))
+    page = render_html(result, info, images)
+    report = outdir / "report.html"
+    _atomic_write(report, page.encode("utf-8"))
+    return report
+
+
+def headline(result: SimResult) -> str:
+    """One sentence comparing Railyard with the best baseline, or '' without both."""
+    res = result.results
+    if "railyard" not in res:
+        return ""
+    base = {n: r.metrics for n, r in res.items() if not n.startswith("railyard")}
+    if not base:
+        return ""
+    ry = res["railyard"].metrics
+    best_gdr = max(base.items(), key=lambda kv: kv[1].multi_gdr)
+    best_alloc = max(base.items(), key=lambda kv: kv[1].allocated_gpus)
+    return (
+        f"Railyard placed {ry.allocated_gpus} GPUs (best baseline: {best_alloc[0]}, "
+        f"{best_alloc[1].allocated_gpus}) and made {ry.multi_gdr} of {ry.multi_arrived} "
+        f"multi-GPU pods GPUDirect-capable (best baseline: {best_gdr[0]}, "
+        f"{best_gdr[1].multi_gdr})."
+    )
+
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2rem auto;
+max-width:1180px;color:#222;line-height:1.45;padding:0 1rem}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem}
+.sub{color:#666;margin-top:0}.lead{font-size:1.05rem;background:#eef7f6;border-left:4px solid
+#0b7a75;padding:.6rem .9rem}
+table{border-collapse:collapse;font-size:.84rem;margin:.5rem 0}
+th,td{padding:.35rem .55rem;border-bottom:1px solid #e4e4e4;text-align:right;white-space:nowrap}
+th{background:#f6f6f6;font-weight:600}td:first-child,th:first-child{text-align:left}
+tr.railyard td{font-weight:600;background:#f3faf9}
+img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
+.notes li{margin:.25rem 0}code{background:#f4f4f4;padding:0 .2rem}
+.foot{color:#777;font-size:.8rem;margin-top:2.5rem}
+"""
+
+
+def render_html(result: SimResult, info: RunInfo, images: dict[str, tuple[str, str]]) -> str:
+    esc = html.escape
+    head = "".join(f"<th>{esc(c)}</th>" for c in TABLE_COLUMNS)
+    body = []
+    for row in table_rows(result):
+        cls = ' class="railyard"' if row[0] == "railyard" else ""
+        body.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
+    charts = "".join(
+        f"<h2>{esc(title)}</h2><img alt=\"{esc(title)}\" src=\"data:image/png;base64,{b64}\">"
+        for title, b64 in images.values()
+    )
+    factors = ", ".join(f"{d.name} {CLASS_FACTOR[d]:.2f}" for d in Distance)
+    wall = f" in {info.wall_s:.1f} s" if info.wall_s is not None else ""
+    lead = headline(result)
+    notes = "".join(f"<li>{esc(n)}</li>" for n in FOOTNOTES)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Railyard simulation report</title>
+<style>{_CSS}</style></head><body>
+<h1>Railyard simulation</h1>
+<p class="sub">cluster <code>{esc(info.cluster)}</code> ({info.nodes} nodes,
+{result.cluster_gpus} GPUs) · trace <code>{esc(info.trace)}</code> · seed {info.seed} ·
+{info.arrivals} pods ({info.multi_gpu_arrivals} multi-GPU){wall}</p>
+{f'<p class="lead">{esc(lead)}</p>' if lead else ''}
+<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>
+{charts}
+<h2>How to read this</h2>
+<ul class="notes">
+<li>Arrivals: pods drawn from the trace with replacement (seeded) until the GPUs they request
+reach 130% of the cluster's GPUs, as in the FGD paper; in trace order when the trace has
+creation times. Every policy faces the same sequence.</li>
+<li>RDMA demand (the trace has no NIC column): pods with ≥ 2 GPUs are training pods wanting one
+VF per GPU; {100 * info.vf_share:.0f}% of one-GPU pods (a seeded draw) want one VF; the rest
+want none. {"Training pods carry <code>maxDistance: PXB</code> (--strict)." if info.strict
+else "No hard <code>maxDistance</code> (run with --strict to add PXB to training pods)."}
+{info.fractional_pods} drawn pods asked for a fraction of a GPU and got a whole one;
+{info.cpu_only_rows} CPU-only trace rows were left out.</li>
+<li>Estimated collective efficiency of a training pod: the slowest rank's class factor
+({factors}), divided by the number of the pod's ranks sharing its PF (NCCL merges VFs of one
+port). Sources: GPUDirect RDMA up to PXB (NCCL_NET_GDR_LEVEL); ~16 vs ~24 GB/s for a
+CPU-attached NIC; "~half the performance" without GDR; a cross-NUMA setup halved bus bandwidth
+(see docs/simulator.md). Other pods' traffic is not modelled.</li>
+<li>Stranded NICs: PFs with free VFs but no free GPU within PXB, counted when arrivals reach
+100% of the cluster's GPUs (at the end of a 130% run the cluster is usually full).</li>
+{notes}
+</ul>
+<p class="foot">Workload: Alibaba cluster-trace-gpu-v2023 (openb), CC BY 4.0 — Weng et al.,
+"Beware of Fragmentation: Scheduling GPU-Sharing Workloads with Fragmentation Gradient
+Descent", USENIX ATC '23. Generated by <code>railyard simulate</code>.</p>
+</body></html>
+"""
