@@ -1,0 +1,125 @@
+"""kube-scheduler's messages: decoded as it sends them; anything else is a named WireError."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scheduler_helpers import args, node_list, pod
+
+from railyard.scheduler.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderPreemptionArgs,
+    Victims,
+    WireError,
+    decode,
+    node_list_names,
+    pod_facts,
+    victim_uids,
+)
+
+
+def test_cache_mode_args_decode_with_null_nodes():
+    a = decode(json.dumps(args(pod("u1", gpus=2, vfs=2), ["n1", "n2"])).encode(), ExtenderArgs)
+    assert a.Nodes is None and a.NodeNames == ["n1", "n2"]
+    f = pod_facts(a.Pod)
+    assert (f.uid, f.namespace, f.name) == ("u1", "default", "pod-u1")
+    assert (f.request.gpus, f.request.vfs, f.request.pfs) == (2, 2, 0)
+
+
+def test_node_list_names_come_from_item_metadata_in_order():
+    assert node_list_names(node_list(["b", "a"])) == ["b", "a"]
+    assert node_list_names({"items": None}) == []
+    with pytest.raises(WireError, match=r"Nodes.items\[1\].metadata.name: missing"):
+        node_list_names({"items": [{"metadata": {"name": "a"}}, {"metadata": {}}]})
+
+
+def test_binding_args_need_all_four_fields():
+    ok = {"PodName": "p", "PodNamespace": "d", "PodUID": "u", "Node": "n"}
+    assert decode(json.dumps(ok).encode(), ExtenderBindingArgs).Node == "n"
+    with pytest.raises(WireError, match="PodUID"):
+        decode(json.dumps({k: v for k, v in ok.items() if k != "PodUID"}).encode(),
+               ExtenderBindingArgs)
+
+
+def test_preemption_args_in_both_forms():
+    meta = {"Pod": pod("u"), "NodeNameToMetaVictims": {
+        "n1": {"Pods": [{"UID": "v1"}, {"UID": "v2"}], "NumPDBViolations": 1}}}
+    a = decode(json.dumps(meta).encode(), ExtenderPreemptionArgs)
+    assert [p.UID for p in a.NodeNameToMetaVictims["n1"].Pods] == ["v1", "v2"]
+    full = {"Pod": pod("u"), "NodeNameToVictims": {"n1": {"Pods": [pod("v1")]}}}
+    a = decode(json.dumps(full).encode(), ExtenderPreemptionArgs)
+    assert victim_uids(a.NodeNameToVictims["n1"], "x") == ["v1"]
+    with pytest.raises(WireError, match=r"x.Pods\[0\].metadata.uid: missing"):
+        victim_uids(Victims(Pods=[{"metadata": {}}]), "x")
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{", "malformed JSON"),
+    (b"[]", "Expected `object`"),
+    (b'{"NodeNames": [1]}', r"\$.NodeNames\[0\]"),
+    (b'{"Pod": 3}', r"\$.Pod"),
+])
+def test_malformed_args_are_a_wire_error_with_the_path(body, message):
+    with pytest.raises(WireError, match=message):
+        decode(body, ExtenderArgs)
+
+
+def without_uid() -> dict:
+    p = pod("x")
+    del p["metadata"]["uid"]
+    return p
+
+
+@pytest.mark.parametrize("p, message", [
+    (None, "Pod: missing"),
+    ({"spec": {}}, "Pod.metadata: missing"),
+    (without_uid(), "Pod.metadata.uid: missing"),
+    (pod("u", hints={"maxDistance": "FAR"}), r"railyard.dev/request\]\.maxDistance"),
+    (pod("u") | {"spec": {"containers": []}}, "spec.containers: missing or empty"),
+    (pod("u") | {"spec": {"containers": [{"resources": {"limits": {
+        "railyard.dev/vf": "1.5"}}}]}}, "whole numbers"),
+])
+def test_bad_pod_is_a_wire_error_naming_the_field(p, message):
+    with pytest.raises(WireError, match=message):
+        pod_facts(p)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200) | st.builds(
+    lambda d: json.dumps(d).encode(),
+    st.dictionaries(st.sampled_from(["Pod", "Nodes", "NodeNames", "x"]),
+                    st.none() | st.integers() | st.lists(st.text(max_size=4), max_size=3)
+                    | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))))
+def test_any_bytes_decode_or_raise_wire_error(body):
+    try:
+        a = decode(body, ExtenderArgs)
+    except WireError:
+        return
+    try:
+        pod_facts(a.Pod)
+        if a.Nodes is not None:
+            node_list_names(a.Nodes)
+    except WireError as e:
+        assert str(e)
+
+
+pod_like = st.recursive(
+    st.none() | st.integers(-3, 3) | st.text(max_size=6) | st.sampled_from(["2", "1Gi", "x"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["metadata", "spec", "containers", "resources", "limits", "requests",
+                         "uid", "name", "annotations", "nvidia.com/gpu", "railyard.dev/vf",
+                         "initContainers"]), inner, max_size=4),
+    max_leaves=15)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod_like)
+def test_any_pod_shape_gives_facts_or_a_wire_error(p):
+    try:
+        pod_facts(p if isinstance(p, dict) else {"metadata": p})
+    except WireError as e:
+        assert str(e)
