@@ -1,0 +1,194 @@
+"""ClusterState: grouped answers equal per-node answers; binds never double-allocate."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scheduler_helpers import hand_allocation
+
+from railyard.allocation.allocator import Allocator
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation, Infeasible
+from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, cluster_from_spec
+from railyard.scheduler.state import ClusterState
+
+
+class CountingAllocator:
+    """The real allocator, counting how often the state asks it."""
+
+    def __init__(self) -> None:
+        self.inner = Allocator()
+        self.allocate_calls = 0
+        self.score_calls = 0
+
+    def allocate(self, topology, ledger, request):
+        self.allocate_calls += 1
+        return self.inner.allocate(topology, ledger, request)
+
+    def node_score(self, topology, ledger, request):
+        self.score_calls += 1
+        return self.inner.node_score(topology, ledger, request)
+
+
+def state(spec: str = "dgx-h100:4,dgx-a100:2", allocator=None) -> ClusterState:
+    return ClusterState(cluster_from_spec(spec), allocator)
+
+
+def gpu_vf(n: int) -> Request:
+    return Request(gpus=n, vfs=n)
+
+
+def test_filter_splits_fits_blocked_and_unresolvable():
+    s = state("dgx-h100:3")
+    assert isinstance(s.bind("full", "ml", "full", "dgx-h100-000", gpu_vf(8)), Allocation)
+    out = s.filter(gpu_vf(1), ["dgx-h100-000", "dgx-h100-001", "ghost", "dgx-h100-002"])
+    assert out.fits == ["dgx-h100-001", "dgx-h100-002"]
+    assert list(out.failed) == ["dgx-h100-000"]
+    assert list(out.unresolvable) == ["ghost"] and "not known" in out.unresolvable["ghost"]
+    too_big = s.filter(gpu_vf(9), ["dgx-h100-001"])
+    assert too_big.fits == [] and list(too_big.unresolvable) == ["dgx-h100-001"]
+
+
+def test_pod_without_railyard_resources_fits_everywhere_untouched():
+    alloc = CountingAllocator()
+    s = state(allocator=alloc)
+    out = s.filter(Request(exclusive_cpus=4, memory_bytes=1 << 30), ["dgx-h100-000", "ghost"])
+    assert out.fits == ["dgx-h100-000", "ghost"] and not out.failed and not out.unresolvable
+    assert s.scores(Request(), ["dgx-h100-000"]) == {"dgx-h100-000": 0}
+    assert alloc.allocate_calls == alloc.score_calls == 0
+
+
+def test_filter_asks_the_allocator_once_per_shape_and_free_state():
+    alloc = CountingAllocator()
+    s = state("dgx-h100:50,dgx-a100:50", alloc)
+    names = s.node_names()
+    s.filter(gpu_vf(2), names)
+    assert alloc.allocate_calls == 2  # two shapes, all empty
+    s.bind("p", "ml", "p", "dgx-h100-007", gpu_vf(2))
+    alloc.allocate_calls = 0
+    out = s.filter(gpu_vf(2), names)
+    assert alloc.allocate_calls == 3 and len(out.fits) == 100
+    s.scores(gpu_vf(2), names)
+    assert alloc.score_calls == 3
+
+
+def test_scores_are_zero_to_ten_for_every_name_and_equal_within_a_group():
+    s = state("dgx-h100:3,hgx-h100-4nic:2")
+    s.bind("p", "ml", "p", "dgx-h100-001", gpu_vf(4))
+    names = [*s.node_names(), "ghost"]
+    scores = s.scores(gpu_vf(2), names)
+    assert list(scores) == names
+    assert all(0 <= v <= 10 for v in scores.values()) and scores["ghost"] == 0
+    assert scores["dgx-h100-000"] == scores["dgx-h100-002"]
+    assert scores["hgx-h100-4nic-000"] == scores["hgx-h100-4nic-001"]
+
+
+def test_bind_stamps_the_decision_and_holds_the_devices():
+    s = state()
+    a = s.bind("u1", "ml", "train", "dgx-h100-000", gpu_vf(2))
+    assert isinstance(a, Allocation)
+    assert a.decided_by == "scheduler" and a.node == "dgx-h100-000"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", a.decided_at)
+    assert s.ledger("dgx-h100-000").allocation("u1") == a
+    assert s.pods() == [BoundPod("ml", "train", "u1", "dgx-h100-000", a)]
+
+
+def test_rebinding_the_same_uid_is_idempotent_and_elsewhere_refused():
+    s = state()
+    a = s.bind("u1", "ml", "train", "dgx-h100-000", gpu_vf(2))
+    assert s.bind("u1", "ml", "train", "dgx-h100-000", gpu_vf(2)) == a
+    assert len(s.ledger("dgx-h100-000")) == 1
+    other = s.bind("u1", "ml", "train", "dgx-h100-001", gpu_vf(2))
+    assert isinstance(other, Infeasible) and "already bound to 'dgx-h100-000'" in other.reason
+    assert len(s.ledger("dgx-h100-001")) == 0
+
+
+def test_second_bind_on_full_node_fails_and_frees_nothing():
+    s = state()
+    s.bind("a", "ml", "a", "dgx-h100-000", gpu_vf(8))
+    before = s.ledger("dgx-h100-000").signature()
+    r = s.bind("b", "ml", "b", "dgx-h100-000", gpu_vf(1))
+    assert isinstance(r, Infeasible) and not r.unresolvable
+    assert s.ledger("dgx-h100-000").signature() == before and s.pod("b") is None
+    assert isinstance(s.bind("c", "ml", "c", "ghost", gpu_vf(1)), Infeasible)
+
+
+def test_release_frees_the_devices_once():
+    s = state()
+    s.bind("a", "ml", "a", "dgx-h100-000", gpu_vf(8))
+    assert s.release("a").uid == "a"
+    assert s.release("a") is None
+    assert len(s.ledger("dgx-h100-000")) == 0
+    assert isinstance(s.bind("b", "ml", "b", "dgx-h100-000", gpu_vf(8)), Allocation)
+
+
+def test_restore_is_all_or_nothing():
+    s = state("dgx-h100:2")
+    t = s.topology("dgx-h100-000")
+    ok = BoundPod("ml", "a", "a", t.node, hand_allocation(t, [(0, 0, 0)]))
+    clash = BoundPod("ml", "b", "b", t.node, hand_allocation(t, [(0, 0, 1)]))
+    with pytest.raises(ClusterFileError, match=r"pod ml/b \(b\): GPU .* already held by a"):
+        s.restore([ok, clash])
+    assert s.pods() == [] and len(s.ledger(t.node)) == 0
+    s.restore([ok])
+    assert s.pods() == [ok]
+    out = s.filter(gpu_vf(8), [t.node, "dgx-h100-001"])
+    assert out.fits == ["dgx-h100-001"]  # the restored ledger is what filter sees
+
+
+def test_victims_are_the_fewest_candidates_whose_devices_make_room():
+    s = state("dgx-h100:1")
+    node = "dgx-h100-000"
+    for i in range(8):
+        assert isinstance(s.bind(f"v{i}", "ml", f"v{i}", node, gpu_vf(1)), Allocation)
+    victims = s.victims(gpu_vf(2), node, ["outsider", *(f"v{i}" for i in range(8))])
+    assert victims is not None and "outsider" in victims  # not ours to judge: kept
+    mine = [v for v in victims if v != "outsider"]
+    assert len(mine) == 2
+    assert s.victims(gpu_vf(2), node, ["v0"]) is None  # one GPU freed is not enough
+    assert s.victims(gpu_vf(2), "ghost", ["v0"]) is None
+
+
+def test_concurrent_binds_from_threads_never_share_a_device():
+    s = state("dgx-h100:2")
+    results: list = []
+
+    def worker(i: int) -> None:
+        results.append(s.bind(f"u{i}", "ml", f"u{i}", f"dgx-h100-00{i % 2}", gpu_vf(1)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, Allocation) for r in results) == 16
+    held = [a for p in s.pods() for a in (*p.allocation.all_gpus, *p.allocation.vfs)]
+    keys = [(p.node, x.pci_address) for p in s.pods()
+            for x in (*p.allocation.all_gpus, *p.allocation.vfs)]
+    assert len(keys) == len(set(keys)) == len(held)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["bind", "release"]), st.integers(0, 5),
+                         st.sampled_from([0, 1, 2, 4, 8]), st.integers(0, 11)),
+               max_size=25)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops)
+def test_grouped_filter_always_equals_asking_each_node(sequence):
+    s = state("dgx-h100:3,hgx-h100-4nic:3")
+    names = s.node_names()
+    for i, (op, node, gpus, uid) in enumerate(sequence):
+        if op == "bind":
+            s.bind(f"u{uid}", "ml", f"u{uid}", names[node], Request(gpus=gpus, vfs=max(gpus, 1)))
+        else:
+            s.release(f"u{uid}")
+        req = Request(gpus=sequence[-1][2], vfs=i % 3)
+        out = s.filter(req, names)
+        for n in names:
+            direct = s.allocator.allocate(s.topology(n), s.ledger(n), req)
+            assert (n in out.fits) == (not isinstance(direct, Infeasible))
