@@ -157,7 +157,8 @@ def cluster_from_json(data: Any, where: str = "cluster") -> Cluster:
             raise ClusterFileError(f"nodes[{i}].name: duplicate node {t.node!r}")
         seen.add(t.node)
         topologies.append(t)
-    pods_raw = data.get("pods") or []
+    pods_raw = data.get("pods")
+    pods_raw = [] if pods_raw is None else pods_raw
     if not isinstance(pods_raw, list):
         raise ClusterFileError(f"{where}.pods: expected a list")
     pods: list[BoundPod] = []
