@@ -1,0 +1,261 @@
+"""The extender over real HTTP, as kube-scheduler calls it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from scheduler_helpers import args, node_list, pod, served
+
+from railyard.allocation.request import Request
+from railyard.scheduler.cluster_file import BoundPod, cluster_from_spec
+from railyard.scheduler.service import Extender
+from railyard.scheduler.state import ClusterState
+
+NAMES = ["dgx-h100-000", "dgx-h100-001", "hgx-h100-4nic-000"]
+
+
+def extender(writer=None, **kw) -> Extender:
+    return Extender(ClusterState(cluster_from_spec("dgx-h100:2,hgx-h100-4nic:1")), writer, **kw)
+
+
+async def post(s: aiohttp.ClientSession, url: str, body) -> tuple[int, object]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with s.post(url, data=data, headers={"Content-Type": "application/json"}) as r:
+        text = await r.text()
+        try:
+            return r.status, json.loads(text)
+        except json.JSONDecodeError:
+            return r.status, text
+
+
+def run(scenario, ext: Extender):
+    async def go():
+        async with served(ext) as url, aiohttp.ClientSession() as s:
+            return await scenario(s, url)
+    return asyncio.run(go())
+
+
+def pod_request(n: int) -> Request:
+    return Request(gpus=n, vfs=n)
+
+
+def bind_args(uid: str, node: str) -> dict:
+    return {"PodName": f"pod-{uid}", "PodNamespace": "default", "PodUID": uid, "Node": node}
+
+
+def test_filter_in_cache_mode_answers_names_with_capitalised_keys():
+    ext = extender()
+    ext.state.bind("big", "ml", "big", "dgx-h100-000", pod_request(8))
+
+    async def scenario(s, url):
+        return await post(s, f"{url}/filter", args(pod("u1", gpus=4, vfs=4), [*NAMES, "ghost"]))
+
+    status, body = run(scenario, ext)
+    assert status == 200
+    assert set(body) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes",
+                         "Error"}
+    assert body["Nodes"] is None and body["Error"] == ""
+    assert body["NodeNames"] == ["dgx-h100-001", "hgx-h100-4nic-000"]
+    assert list(body["FailedNodes"]) == ["dgx-h100-000"]
+    assert list(body["FailedAndUnresolvableNodes"]) == ["ghost"]
+
+
+def test_filter_with_a_node_list_answers_a_node_list_of_the_same_objects():
+    ext = extender()
+
+    async def scenario(s, url):
+        nodes = node_list([*NAMES, "ghost"])
+        return nodes, await post(s, f"{url}/filter",
+                                 {"Pod": pod("u1", gpus=8, vfs=8), "Nodes": nodes,
+                                  "NodeNames": None})
+
+    nodes, (status, body) = run(scenario, ext)
+    assert status == 200 and body["NodeNames"] is None and body["Error"] == ""
+    assert body["Nodes"]["kind"] == "NodeList"
+    assert body["Nodes"]["items"] == nodes["items"][:2]  # hgx has 4 GPUs: unresolvable
+    assert set(body["FailedAndUnresolvableNodes"]) == {"hgx-h100-4nic-000", "ghost"}
+
+
+def test_pod_without_railyard_resources_passes_every_node():
+    async def scenario(s, url):
+        return await post(s, f"{url}/filter", args(pod("u1"), [*NAMES, "ghost"]))
+
+    _, body = run(scenario, extender())
+    assert body["NodeNames"] == [*NAMES, "ghost"] and not body["FailedAndUnresolvableNodes"]
+
+
+def test_bad_filter_input_sets_error_and_changes_nothing():
+    ext = extender()
+    no_uid = pod("x", gpus=1, vfs=1)
+    del no_uid["metadata"]["uid"]
+    bad_hint = pod("y", gpus=1, vfs=1, hints={"numa": "sometimes"})
+
+    async def scenario(s, url):
+        return [await post(s, f"{url}/filter", body) for body in (
+            b"{not json", args(no_uid, NAMES), args(bad_hint, NAMES),
+            {"Pod": pod("z", gpus=1), "Nodes": None, "NodeNames": None},
+            {"Pod": pod("z", gpus=1), "NodeNames": "dgx-h100-000"})]
+
+    replies = run(scenario, ext)
+    errors = [body["Error"] for status, body in replies]
+    assert all(status == 200 for status, _ in replies)
+    assert "malformed JSON" in errors[0]
+    assert "Pod.metadata.uid: missing" in errors[1]
+    assert "railyard.dev/request]" in errors[2] and "numa" in errors[2]
+    assert "neither NodeNames nor Nodes" in errors[3]
+    assert "$.NodeNames" in errors[4]
+    assert all(body["NodeNames"] is None for _, body in replies)
+    assert ext.state.pods() == [] and len(ext.pods) == 0
+
+
+def test_prioritize_scores_every_name_and_refuses_bad_input_with_400():
+    async def scenario(s, url):
+        good = await post(s, f"{url}/prioritize", args(pod("u", gpus=2, vfs=2), NAMES))
+        bad = await post(s, f"{url}/prioritize", b"[1,2")
+        return good, bad
+
+    (status, body), (bad_status, bad_body) = run(scenario, extender())
+    assert status == 200 and [h["Host"] for h in body] == NAMES
+    assert all(set(h) == {"Host", "Score"} and 0 <= h["Score"] <= 10 for h in body)
+    assert bad_status == 400 and "malformed JSON" in bad_body
+
+
+def test_bind_after_filter_records_the_allocation_and_a_retry_is_harmless():
+    ext = extender()
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1", gpus=2, vfs=2), NAMES))
+        first = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-001"))
+        again = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-001"))
+        elsewhere = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        async with s.get(f"{url}/allocations") as r:
+            listed = await r.json()
+        return first, again, elsewhere, listed
+
+    first, again, elsewhere, listed = run(scenario, ext)
+    assert first == (200, {"Error": ""}) and again == (200, {"Error": ""})
+    assert "already bound to 'dgx-h100-001'" in elsewhere[1]["Error"]
+    (p,) = listed["pods"]
+    assert (p["uid"], p["node"], p["namespace"], p["name"]) == (
+        "u1", "dgx-h100-001", "default", "pod-u1")
+    assert p["allocation"]["decidedBy"] == "scheduler" and len(p["allocation"]["pairs"]) == 2
+    assert len(ext.state.ledger("dgx-h100-001")) == 1
+
+
+def test_bind_of_an_unseen_pod_or_unknown_node_or_bad_body_is_an_error():
+    ext = extender()
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("seen", gpus=1, vfs=1), NAMES))
+        return [await post(s, f"{url}/bind", b) for b in (
+            bind_args("unseen", "dgx-h100-000"), bind_args("seen", "ghost"),
+            {"PodName": "x"}, b"\x00")]
+
+    replies = run(scenario, ext)
+    errors = [body["Error"] for _, body in replies]
+    assert "not seen in a filter call" in errors[0]
+    assert "node 'ghost' is not known" in errors[1]
+    assert "ExtenderBindingArgs" in errors[2] and "malformed JSON" in errors[3]
+    assert ext.state.pods() == []
+
+
+class FailingWriter:
+    def __init__(self) -> None:
+        self.fail = True
+        self.bound: list[BoundPod] = []
+
+    async def bind(self, p: BoundPod) -> None:
+        if self.fail:
+            raise OSError("API server unavailable")
+        self.bound.append(p)
+
+
+def test_failed_write_rolls_back_the_ledger_and_the_retry_succeeds():
+    writer = FailingWriter()
+    ext = extender(writer)
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1", gpus=8, vfs=8), NAMES))
+        failed = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        held_after_failure = len(ext.state.ledger("dgx-h100-000"))
+        writer.fail = False
+        ok = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        return failed, held_after_failure, ok
+
+    failed, held, ok = run(scenario, ext)
+    assert "API server unavailable" in failed[1]["Error"] and held == 0
+    assert ok == (200, {"Error": ""})
+    assert [p.uid for p in writer.bound] == ["u1"]
+
+
+def test_pods_without_devices_are_bound_through_the_writer_without_an_allocation():
+    writer = FailingWriter()
+    writer.fail = False
+    ext = extender(writer)
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("plain"), NAMES))
+        return await post(s, f"{url}/bind", bind_args("plain", "dgx-h100-000"))
+
+    assert run(scenario, ext) == (200, {"Error": ""})
+    assert writer.bound == [BoundPod("default", "pod-plain", "plain", "dgx-h100-000", None)]
+    assert ext.state.pods() == []
+
+
+def test_preempt_returns_the_fewest_device_holders_in_both_forms():
+    ext = extender()
+    for i in range(8):
+        ext.state.bind(f"v{i}", "ml", f"v{i}", "dgx-h100-000", pod_request(1))
+    victims = [f"v{i}" for i in range(8)]
+
+    async def scenario(s, url):
+        meta = await post(s, f"{url}/preempt", {
+            "Pod": pod("u", gpus=2, vfs=2), "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {
+                "dgx-h100-000": {"Pods": [{"UID": u} for u in victims], "NumPDBViolations": 1},
+                "ghost": {"Pods": [{"UID": "v0"}], "NumPDBViolations": 0}}})
+        full = await post(s, f"{url}/preempt", {
+            "Pod": pod("u", gpus=2, vfs=2), "NodeNameToMetaVictims": None,
+            "NodeNameToVictims": {"dgx-h100-000": {
+                "Pods": [pod(u) for u in victims[:1]], "NumPDBViolations": 0}}})
+        bad = await post(s, f"{url}/preempt", {"Pod": pod("u", gpus=1), "NodeNameToVictims": {
+            "dgx-h100-000": {"Pods": [{"metadata": {}}]}}})
+        return meta, full, bad
+
+    (status, meta), (_, full), (bad_status, bad) = run(scenario, ext)
+    assert status == 200 and list(meta["NodeNameToMetaVictims"]) == ["dgx-h100-000"]
+    chosen = meta["NodeNameToMetaVictims"]["dgx-h100-000"]
+    assert len(chosen["Pods"]) == 2 and {p["UID"] for p in chosen["Pods"]} <= set(victims)
+    assert full == {"NodeNameToMetaVictims": {}}  # one 1-GPU victim cannot make room for 2
+    assert bad_status == 400 and "metadata.uid: missing" in bad
+    assert len(ext.state.pods()) == 8  # preempt only answers; it evicts nothing
+
+
+def test_delete_pod_frees_its_devices_and_health_and_metrics_answer():
+    ext = extender()
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1", gpus=8, vfs=8), NAMES))
+        await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        await post(s, f"{url}/filter", args(pod("u2", gpus=1, vfs=1), ["ghost"]))
+        async with s.delete(f"{url}/pods/u1") as r:
+            deleted = (r.status, await r.json())
+        async with s.delete(f"{url}/pods/u1") as r:
+            again = r.status
+        async with s.get(f"{url}/healthz") as r:
+            health = (r.status, await r.text())
+        async with s.get(f"{url}/metrics") as r:
+            metrics = await r.text()
+        return deleted, again, health, metrics
+
+    deleted, again, health, metrics = run(scenario, ext)
+    assert deleted[0] == 200 and deleted[1]["released"]["uid"] == "u1"
+    assert again == 404 and health == (200, "ok")
+    assert len(ext.state.ledger("dgx-h100-000")) == 0
+    for verb in ("filter", "bind", "release"):
+        assert f'railyard_extender_request_duration_seconds_count{{verb="{verb}"}}' in metrics
+    assert "railyard_extender_allocations_total 1.0" in metrics
+    assert 'railyard_extender_failures_total{reason="unknown_node",verb="filter"} 1.0' in metrics
+    assert "railyard_extender_bound_pods 0.0" in metrics
