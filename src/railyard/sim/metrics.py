@@ -175,20 +175,24 @@ def _quantile(xs: list[float], q: float) -> float:
 
 
 def heatmap_rows(topology: NodeTopology, ledger: Ledger,
-                 judged: Mapping[str, list[JudgedPair]]) -> list[int]:
-    """One row of the node heatmap: a cell code per GPU in index order."""
+                 judged: Mapping[str, list[JudgedPair]]) -> list[tuple[int, int]]:
+    """One row of the node heatmap: per GPU in index order, its cell code and the GPU count
+    of the pod holding it (0 when free)."""
     cls_of: dict[str, Distance] = {}
-    held: set[str] = set()
+    size_of: dict[str, int] = {}
     for uid, alloc in ledger.holders():
-        held.update(g.pci_address for g in alloc.all_gpus)
+        gpus = alloc.all_gpus
+        for g in gpus:
+            size_of[g.pci_address] = len(gpus)
         for p in judged.get(uid, ()):
             cls_of[p.gpu] = p.distance
     row = []
     for g in sorted(topology.gpus, key=lambda g: g.index):
-        if g.pci_address in cls_of:
-            row.append(CELL_PAIRED[cls_of[g.pci_address]])
-        elif g.pci_address in held:
-            row.append(CELL_NO_NIC)
+        a = g.pci_address
+        if a in cls_of:
+            row.append((CELL_PAIRED[cls_of[a]], size_of[a]))
+        elif a in size_of:
+            row.append((CELL_NO_NIC, size_of[a]))
         else:
-            row.append(CELL_FREE)
+            row.append((CELL_FREE, 0))
     return row

@@ -23,7 +23,7 @@ from matplotlib.colors import BoundaryNorm, ListedColormap
 from matplotlib.patches import Patch
 
 from railyard.sim.judge import CLASS_FACTOR
-from railyard.sim.metrics import CELL_FREE
+from railyard.sim.metrics import CELL_FREE, CELL_PAIRED
 from railyard.sim.run import SimResult
 from railyard.topology.model import Distance
 
@@ -254,12 +254,13 @@ def chart_pairs(result: SimResult, path: Path) -> None:
 
 
 def chart_heatmap(result: SimResult, path: Path) -> None:
-    """Each GPU of a sample of nodes: free, held without a NIC, or paired (by class)."""
+    """Each GPU of a sample of nodes at 100% load: free, held without a NIC, or paired (by
+    class); GPUs of multi-GPU pods carry the pod's GPU count."""
     names = list(result.results)
     cols = min(3, len(names))
     rows_n = (len(names) + cols - 1) // cols
     n_nodes = len(result.nodes)
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.1 * cols, 0.34 * n_nodes * rows_n + 1.6),
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.3 * cols, 0.3 * n_nodes * rows_n + 1.7),
                              dpi=DPI, squeeze=False)
     colours = [FREE_COLOUR, NO_NIC_COLOUR, *(CLASS_COLOURS[d] for d in Distance)]
     cmap = ListedColormap(colours)
@@ -268,30 +269,36 @@ def chart_heatmap(result: SimResult, path: Path) -> None:
         ax = axes[k // cols][k % cols]
         grid = result.results[name].heatmap
         width = max((len(r) for r in grid), default=1)
-        padded = [r + [CELL_FREE] * (width - len(r)) for r in grid]
-        ax.imshow(padded, cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+        padded = [r + [(CELL_FREE, 0)] * (width - len(r)) for r in grid]
+        ax.imshow([[c for c, _ in r] for r in padded], cmap=cmap, norm=norm, aspect="auto",
+                  interpolation="nearest")
+        for y, r in enumerate(padded):
+            for x, (code, size) in enumerate(r):
+                if size >= 2:
+                    dark = code in (CELL_PAIRED[Distance.PIX], CELL_PAIRED[Distance.SYS])
+                    ax.text(x, y, str(size), ha="center", va="center", fontsize=6.5,
+                            fontweight="bold", color="white" if dark else "#222")
         ax.set_xticks(range(width), [str(i) for i in range(width)], fontsize=7)
-        ax.set_yticks(range(len(result.nodes)),
-                      result.nodes if k % cols == 0 else [""] * len(result.nodes), fontsize=7)
+        ax.set_yticks(range(n_nodes), result.nodes if k % cols == 0 else [""] * n_nodes,
+                      fontsize=7)
         ax.set_xticks([x - 0.5 for x in range(1, width)], minor=True)
-        ax.set_yticks([y - 0.5 for y in range(1, len(result.nodes))], minor=True)
+        ax.set_yticks([y - 0.5 for y in range(1, n_nodes)], minor=True)
         ax.grid(which="minor", color="white", lw=1.5)
-        ax.tick_params(which="minor", length=0)
-        ax.tick_params(which="major", length=0)
+        ax.tick_params(which="both", length=0)
         ax.set_title(name, fontsize=10, color=_colour(name), loc="left", fontweight="bold")
         ax.set_xlabel("GPU index", fontsize=7)
         for side in ax.spines.values():
             side.set_visible(False)
     for k in range(len(names), rows_n * cols):
         axes[k // cols][k % cols].axis("off")
-    handles = [Patch(color=FREE_COLOUR, label="free"),
+    handles = [Patch(facecolor=FREE_COLOUR, edgecolor="#bbbbbb", label="free"),
                Patch(color=NO_NIC_COLOUR, label="held, no NIC")]
     handles += [Patch(color=CLASS_COLOURS[d], label=f"paired {d.name}") for d in Distance]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
                fontsize=8)
-    fig.suptitle("GPUs of a sample of nodes at the end of the run", fontsize=11, x=0.01,
-                 ha="left")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    fig.suptitle("GPUs of a sample of nodes when arrivals reach 100% of the cluster's GPUs "
+                 "(digits: GPUs of a multi-GPU pod)", fontsize=10.5, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     _save(fig, path)
 
 
@@ -312,7 +319,7 @@ def _save(fig, path: Path) -> None:
 CHARTS = (
     ("allocation.png", chart_allocation, "GPU allocation ratio as load grows"),
     ("pairs.png", chart_pairs, "Pairs by distance class, and multi-GPU pods"),
-    ("heatmap.png", chart_heatmap, "A sample of nodes at the end of the run"),
+    ("heatmap.png", chart_heatmap, "A sample of nodes at 100% load"),
 )
 
 

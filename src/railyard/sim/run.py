@@ -52,17 +52,26 @@ def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int) -> Pol
 
 
 def sample_nodes(topologies: Sequence[NodeTopology], count: int = HEATMAP_NODES) -> list[str]:
-    """An even spread of node names across the cluster (so every profile shows up)."""
-    n = len(topologies)
-    if n <= count:
+    """Nodes for the heatmap: an even share per hardware shape, evenly spread within it, so
+    a profile with few nodes still shows up."""
+    if len(topologies) <= count:
         return [t.node for t in topologies]
-    return [topologies[(i * n) // count].node for i in range(count)]
+    groups: dict[tuple, list[str]] = {}
+    for t in topologies:
+        groups.setdefault(t.shape_key, []).append(t.node)
+    share = max(1, count // len(groups))
+    out = []
+    for names in groups.values():
+        k = min(share, len(names))
+        out.extend(names[(i * len(names)) // k] for i in range(k))
+    return out[:max(count, len(groups))]
 
 
 @dataclass(slots=True)
 class PolicyResult:
     metrics: PolicyMetrics
-    heatmap: list[list[int]]  # rows of sample_nodes, one cell code per GPU
+    heatmap: list[list[tuple[int, int]]]  # at 100% load: per sample node, per GPU
+    # (cell code, GPU count of the pod holding it)
 
 
 @dataclass(slots=True)
@@ -89,6 +98,7 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
         policy = make_policy(name, topologies, seed)
         m = PolicyMetrics(name, cluster_gpus)
         clock = time.perf_counter
+        heat: list[list[tuple[int, int]]] = []
         for arrival in arrivals:
             t0 = clock()
             result = policy.place(arrival.uid, arrival.request)
@@ -97,13 +107,15 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
             full = m.reached_full_load
             m.record(arrival, result, topo, dt)
             if not full and m.reached_full_load:
-                m.snapshot_full_load(topologies, policy.ledgers())
+                ledgers = policy.ledgers()
+                m.snapshot_full_load(topologies, ledgers)
+                heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
             if progress is not None:
                 progress(name)
         ledgers = policy.ledgers()
-        if not m.full_load:
+        if not m.full_load:  # a run with load < 100%: its end stands in
             m.snapshot_full_load(topologies, ledgers)
+            heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
         m.finish(topologies, ledgers)
-        heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
         results[name] = PolicyResult(m, heat)
     return SimResult(cluster_gpus, sample, results)

@@ -98,8 +98,15 @@ def _integral_float(raw: str, column: str, where: str) -> int:
 
 
 def parse_trace(text: str, name: str) -> Trace:
-    """Parse an openb pod list; `creation_time` is used when every row has one."""
-    reader = csv.DictReader(io.StringIO(text))
+    """Parse an openb pod list; with a `creation_time` column every row needs a time."""
+    try:
+        return _parse(text, name)
+    except csv.Error as e:
+        raise TraceError(f"trace {name}: not a CSV file: {e}") from None
+
+
+def _parse(text: str, name: str) -> Trace:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
     columns = [c.strip() for c in (reader.fieldnames or [])]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:

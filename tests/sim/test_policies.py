@@ -1,0 +1,132 @@
+"""Baseline policies: real decisions on the Ledger, each behaving as the stack it stands for."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation, Infeasible
+from railyard.scheduler.cluster_file import cluster_from_spec
+from railyard.sim.judge import judge
+from railyard.sim.policies import (
+    BASELINES,
+    BestFitPolicy,
+    KoordinatorPolicy,
+    NumaPolicy,
+    RandomPolicy,
+)
+from railyard.topology.model import Distance
+
+
+def nodes(spec: str):
+    return list(cluster_from_spec(spec))
+
+
+def held_gpus(policy) -> int:
+    return sum(len(led.used_gpus) for led in policy.ledgers().values())
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_every_baseline_fills_a_node_and_then_refuses(name):
+    policy = BASELINES[name](nodes("dgx-h100:1"), seed=0)
+    for i in range(8):
+        assert isinstance(policy.place(f"p{i}", Request(gpus=1, vfs=1)), Allocation)
+    refused = policy.place("p8", Request(gpus=1))
+    assert isinstance(refused, Infeasible)
+    assert held_gpus(policy) == 8
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(sorted(BASELINES)), st.integers(0, 1000),
+       st.lists(st.sampled_from([(1, 0), (1, 1), (2, 2), (4, 4), (8, 8)]), max_size=30))
+def test_baselines_never_hand_out_a_device_twice(name, seed, shapes):
+    topologies = nodes("dgx-h100:1,dgx-a100:1,hgx-h100-4nic:1")
+    policy = BASELINES[name](topologies, seed)
+    placed = []
+    for i, (g, v) in enumerate(shapes):
+        result = policy.place(f"p{i}", Request(gpus=g, vfs=v))
+        if isinstance(result, Allocation):
+            assert len(result.all_gpus) == g and len(result.vfs) == v
+            placed.append(result)
+    gpus = [(a.node, g.pci_address) for a in placed for g in a.all_gpus]
+    vfs = [(a.node, n.pci_address) for a in placed for n in a.vfs]
+    assert len(gpus) == len(set(gpus)) and len(vfs) == len(set(vfs))
+    assert held_gpus(policy) == len(gpus)
+
+
+def test_random_policy_is_reproducible_from_its_seed():
+    def run(seed):
+        p = RandomPolicy(nodes("dgx-h100:3"), seed)
+        return [p.place(f"p{i}", Request(gpus=1, vfs=1)) for i in range(10)]
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+def test_numa_policy_keeps_a_pod_on_one_numa_node_when_it_can():
+    topo = nodes("dgx-a100:1")
+    policy = NumaPolicy(topo, seed=3)
+    for i in range(4):
+        alloc = policy.place(f"p{i}", Request(gpus=2, vfs=2))
+        assert isinstance(alloc, Allocation)
+        assert len(alloc.numa_nodes) == 1
+        # On DGX A100 a NUMA node is a switch group: every pair is PXB.
+        assert {p.distance for p in judge(topo[0], alloc)} == {Distance.PXB}
+
+
+def test_numa_policy_spans_numa_nodes_when_none_can_hold_the_pod():
+    policy = NumaPolicy(nodes("dgx-h100:1"), seed=0)
+    alloc = policy.place("big", Request(gpus=8, vfs=8))
+    assert isinstance(alloc, Allocation) and alloc.numa_nodes == (0, 1)
+
+
+def test_koordinator_takes_lowest_gpus_and_nics_on_their_root_bus():
+    topo = nodes("dgx-h100:1")
+    policy = KoordinatorPolicy(topo, seed=0)
+    alloc = policy.place("p", Request(gpus=2, vfs=2))
+    assert [g.index for g in alloc.all_gpus] == [0, 1]
+    assert {p.distance for p in judge(topo[0], alloc)} == {Distance.PIX}
+
+
+def test_koordinator_on_hgx_4nic_gives_gpu1_a_nic_off_its_root():
+    topo = nodes("hgx-h100-4nic:1")
+    alloc = KoordinatorPolicy(topo, seed=0).place("p", Request(gpus=2, vfs=2))
+    assert [g.index for g in alloc.all_gpus] == [0, 1]
+    assert max(p.distance for p in judge(topo[0], alloc)) > Distance.PXB
+
+
+def test_koordinator_with_a_hard_limit_filters_nodes_without_same_pcie_nics():
+    topo = nodes("hgx-h100-4nic:1")
+    policy = KoordinatorPolicy(topo, seed=0)
+    first = policy.place("a", Request(gpus=1, vfs=1, max_distance=Distance.PXB))
+    assert isinstance(first, Allocation) and first.all_gpus[0].index == 0
+    # Next lowest GPU is 1, whose root bus has no NIC: SamePCIe fails.
+    second = policy.place("b", Request(gpus=1, vfs=1, max_distance=Distance.PXB))
+    assert isinstance(second, Infeasible)
+
+
+def test_koordinator_spreads_by_least_allocated():
+    policy = KoordinatorPolicy(nodes("dgx-h100:2"), seed=0)
+    first = policy.place("a", Request(gpus=1))
+    second = policy.place("b", Request(gpus=1))
+    assert first.node != second.node
+
+
+def test_best_fit_packs_the_fullest_node_first():
+    policy = BestFitPolicy(nodes("dgx-h100:3"), seed=0)
+    first = policy.place("a", Request(gpus=1))
+    for i in range(7):
+        assert policy.place(f"b{i}", Request(gpus=1)).node == first.node
+    assert policy.place("c", Request(gpus=1)).node != first.node
+
+
+def test_baselines_leave_pairing_to_the_judge():
+    alloc = RandomPolicy(nodes("dgx-h100:1"), 0).place("p", Request(gpus=2, vfs=2))
+    assert alloc.pairs == () and len(alloc.gpus) == 2 and len(alloc.nics) == 2
+
+
+def test_baselines_refuse_what_they_do_not_model():
+    result = RandomPolicy(nodes("dgx-h100:1"), 0).place("p", Request(gpus=1, pfs=1))
+    assert isinstance(result, Infeasible)
