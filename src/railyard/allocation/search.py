@@ -1,0 +1,500 @@
+"""The exact search behind the allocator: minimise ARCHITECTURE.md's key by branch and bound.
+
+The key, compared lexicographically (items 2–7; item 1, the hard limits, filters):
+    (worst pair distance, sum of pair distances, NUMA nodes spanned,
+     largest number of pairs on one PF, sum over PFs of pairs², −aligned capacity kept,
+     addresses)
+where "addresses" is (GPU indices, each GPU's target in GPU order, whole PFs, the sorted
+multiset of PFs giving VFs); indices follow PCI address order, so this is "lowest PCI
+addresses". VFs of one PF are interchangeable, and so are CPUs of one NUMA node, so the search
+works on counts: which GPUs, which PF (VF or whole) serves each GPU, how many VFs each PF
+gives, which NUMA nodes hold the CPUs. The allocator turns that into concrete devices.
+
+Three nested levels, each enumerated completely and pruned only by valid lower bounds:
+GPU sets (sorted by their bound, so the search stops at the first set that cannot win),
+GPU→PF pairings (depth-first, nearest PF first), and the NIC instances that are not fixed by
+the pairing (extra VFs, whole PFs, VF counts under shared pairing), enumerated in address
+order so that the first of equal keys is the winner. Every bound is monotone: adding devices
+never lowers the worst or summed distance or the NUMA span, and never raises the aligned
+capacity kept. The tests prove the result against brute force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import combinations
+
+from railyard.allocation.request import Request
+from railyard.allocation.shape import VF, WHOLE, FreeState, NodeShape
+from railyard.topology.model import Distance
+
+INF = 1 << 20
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A request in search terms. Each NIC serves between `lo` and `hi` GPUs; `pairs` GPUs
+    get a NIC (one-to-one: each NIC at most one GPU; shared: ⌊k/n⌋..⌈k/n⌉ GPUs per NIC)."""
+
+    gpus: int
+    vfs: int
+    pfs: int
+    cpus: int
+    memory: int
+    max_distance: int
+    numa: str
+    lo: int
+    hi: int
+    pairs: int
+
+    @classmethod
+    def of(cls, r: Request) -> Spec:
+        k, n = r.gpus, r.nics
+        if r.pairing == "none" or k == 0 or n == 0:
+            lo = hi = pairs = 0
+        elif n >= k:
+            lo, hi, pairs = 0, 1, k
+        elif r.pairing == "shared":
+            lo, hi, pairs = k // n, -(-k // n), k
+        else:  # one-to-one asked for with fewer NICs than GPUs: the rest go unpaired
+            lo = hi = 1
+            pairs = n
+        maxd = int(r.max_distance) if r.max_distance is not None else int(Distance.SYS)
+        return cls(k, r.vfs, r.pfs, r.exclusive_cpus, r.memory_bytes, maxd, r.numa,
+                   lo, hi, pairs)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The abstract winner: everything but which VF of a PF and which CPU of a NUMA node."""
+
+    gpus: tuple[int, ...]  # GPU indices, ascending (pair order)
+    targets: tuple[tuple[int, int] | None, ...]  # per GPU: (PF index, VF|WHOLE) or unpaired
+    whole: tuple[int, ...]  # PFs taken whole, ascending
+    vf_counts: tuple[int, ...]  # VFs taken per PF
+    numa_mask: int  # NUMA bits spanned by devices and CPUs
+    cpus: tuple[tuple[int, int], ...]  # (NUMA bit, CPUs), for NUMA nodes holding CPUs
+    memory: tuple[tuple[int, int], ...]  # (NUMA bit, bytes)
+    key: tuple[int, ...]  # items 2–6 of the key (aligned capacity negated)
+
+
+def max_matching(adj: tuple[int, ...], gpu_mask: int, pf_mask: int) -> int:
+    """Largest matching of GPUs in `gpu_mask` to PFs in `pf_mask` (Kuhn's augmenting paths)."""
+    match: dict[int, int] = {}
+
+    def augment(i: int, seen: list[int]) -> bool:
+        cand = adj[i] & pf_mask & ~seen[0]
+        while cand:
+            low = cand & -cand
+            seen[0] |= low
+            j = low.bit_length() - 1
+            owner = match.get(j)
+            if owner is None or augment(owner, seen):
+                match[j] = i
+                return True
+            cand &= ~seen[0]
+        return False
+
+    count = 0
+    m = gpu_mask
+    while m:
+        low = m & -m
+        m ^= low
+        i = low.bit_length() - 1
+        if adj[i] & pf_mask and augment(i, [0]):
+            count += 1
+    return count
+
+
+def water_fill(total: int, caps: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Split `total` as evenly as capacities allow over (bit, cap) slots; sum(cap) ≥ total."""
+    out: dict[int, int] = {}
+    rem = total
+    order = sorted(caps, key=lambda bc: (bc[1], bc[0]))
+    for idx, (b, cap) in enumerate(order):
+        give = min(cap, -(-rem // (len(order) - idx)))
+        out[b] = give
+        rem -= give
+    return sorted(out.items())
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
+class Search:
+    """One minimisation of the key for one (shape, free state, request)."""
+
+    def __init__(self, shape: NodeShape, free: FreeState, spec: Spec) -> None:
+        self.shape = shape
+        self.free = free
+        self.spec = spec
+        self.npf = len(shape.pfs)
+        self.open0 = sum(1 << j for j, r in enumerate(free.vfs) if r > 0)
+        self._span: dict[int, tuple[int, int] | None] = {}
+        self.best_key: tuple[int, ...] | None = None
+        self.best_tie: tuple | None = None
+        self.best: tuple | None = None
+        self.nodes = 0  # search nodes visited, for benchmarks and curiosity
+
+    # ------------------------------------------------------------------ key parts
+
+    def span(self, mask: int) -> tuple[int, int] | None:
+        """(NUMA nodes spanned, NUMA bits holding CPUs and memory) for devices on `mask`;
+        None when no placement of the CPUs and memory fits (or `numa: single` breaks)."""
+        hit = self._span.get(mask, _MISSING)
+        if hit is _MISSING:
+            hit = self._span[mask] = self._place_cpus(mask)
+        return hit  # type: ignore[return-value]
+
+    def _place_cpus(self, mask: int) -> tuple[int, int] | None:
+        sp, fr = self.spec, self.free
+        nreal = len(self.shape.numa_ids)
+        real = mask & ((1 << nreal) - 1)
+        unknown = (mask >> nreal) & 1
+        single = sp.numa == "single"
+        if single and real.bit_count() + unknown > 1:
+            return None
+        cpu_mask = real
+        if sp.cpus or sp.memory:
+            def fits(t: int) -> bool:
+                bits = _bits(t)
+                return (sum(fr.cpus[b] for b in bits) >= sp.cpus
+                        and sum(fr.memory[b] for b in bits) >= sp.memory)
+
+            if not fits(real):
+                # The fewest extra NUMA nodes that hold the CPUs and memory; the lowest ids
+                # among equals. Fewest is what makes the span bound monotone.
+                others = [b for b in range(nreal) if not (real >> b) & 1]
+                limit = (0 if real or unknown else 1) if single else len(others)
+                found = None
+                for extra in range(1, limit + 1):
+                    for combo in combinations(others, extra):
+                        t = real | sum(1 << b for b in combo)
+                        if fits(t):
+                            found = t
+                            break
+                    if found is not None:
+                        break
+                if found is None:
+                    return None
+                cpu_mask = found
+        value = 0 if sp.numa == "none" else cpu_mask.bit_count() + unknown
+        return value, cpu_mask
+
+    def aligned(self, gpu_mask: int, pf_mask: int) -> int:
+        cache = self.shape.caches.aligned
+        key = (gpu_mask, pf_mask)
+        v = cache.get(key)
+        if v is None:
+            v = cache[key] = max_matching(self.shape.aligned_adj, gpu_mask, pf_mask)
+        return v
+
+    def _loses(self, worst: int, total: int, span_lb: Callable[[], int | None],
+               crowd: tuple[int, int], aligned_ub: Callable[[], int],
+               ties_lose: Callable[[], bool]) -> bool:
+        """True when nothing below a node with these lower bounds can beat the incumbent.
+
+        Bounds are compared lexicographically and computed lazily: the costly ones (span,
+        aligned capacity) only when everything before them ties.
+        """
+        bk = self.best_key
+        if bk is None:
+            return False
+        if worst != bk[0]:
+            return worst > bk[0]
+        if total != bk[1]:
+            return total > bk[1]
+        s = span_lb()
+        if s is None:
+            return True
+        if s != bk[2]:
+            return s > bk[2]
+        if crowd[0] != bk[3]:
+            return crowd[0] > bk[3]
+        if crowd[1] != bk[4]:
+            return crowd[1] > bk[4]
+        a = -aligned_ub()
+        if a != bk[5]:
+            return a > bk[5]
+        return ties_lose()
+
+    # ------------------------------------------------------------------ level 1: GPU sets
+
+    def run(self) -> Choice | None:
+        sh, fr, sp = self.shape, self.free, self.spec
+        k = sp.gpus
+        free_gpus = _bits(fr.gpus)
+        if len(free_gpus) < k:
+            return None
+        self.offers: dict[int, list[tuple[int, int, int]]] = {}
+        self.best_of: dict[int, int] = {}
+        for i in free_gpus:
+            row = sh.dist[i]
+            offers = []
+            for j in range(self.npf):
+                d = row[j]
+                if d > sp.max_distance:
+                    continue
+                if sp.vfs and fr.vfs[j] > 0:
+                    offers.append((d, j, VF))
+                if sp.pfs and fr.whole_ok[j]:
+                    offers.append((d, j, WHOLE))
+            offers.sort()
+            self.offers[i] = offers
+            self.best_of[i] = offers[0][0] if offers else INF
+        pairs = sp.pairs
+        candidates = []
+        for gset in combinations(free_gpus, k):
+            if pairs:
+                bests = sorted(self.best_of[i] for i in gset)
+                if bests[pairs - 1] >= INF:
+                    continue
+                lw, ls = bests[pairs - 1], sum(bests[:pairs])
+            else:
+                lw = ls = 0
+            mask = 0
+            for i in gset:
+                mask |= 1 << sh.gpu_numa[i]
+            s = self.span(mask)
+            if s is None:
+                continue
+            candidates.append((lw, ls, s[0], gset, mask))
+        candidates.sort()
+        for lw, ls, lspan, gset, mask in candidates:
+            bk = self.best_key
+            if bk is not None and (lw, ls, lspan) > bk[:3]:
+                break  # sorted by these bounds: no later set can win either
+            gmask = sum(1 << i for i in gset)
+            after = fr.gpus & ~gmask
+            if self._loses(lw, ls, lambda lspan=lspan: lspan, (1 if pairs else 0, pairs),
+                           lambda after=after: self.aligned(after, self.open0),
+                           lambda gset=gset: self.best_tie[0] < gset):  # type: ignore[index]
+                continue
+            self._pair(gset, mask, after)
+        if self.best is None:
+            return None
+        return self._choice()
+
+    # ------------------------------------------------------------------ level 2: pairings
+
+    def _pair(self, gset: tuple[int, ...], mask: int, gpus_after: int) -> None:
+        sp, fr = self.spec, self.free
+        k, pairs, hi = len(gset), sp.pairs, sp.hi
+        unpaired_max = k - pairs
+        # Lower bounds for the GPUs still to pair: their nearest offers, cheapest first.
+        suffix = []
+        for d in range(k + 1):
+            b = sorted(self.best_of[i] for i in gset[d:])
+            sums = [0]
+            for x in b:
+                sums.append(sums[-1] + x)
+            suffix.append((b, sums))
+        npf = self.npf
+        loads = [0] * npf
+        mode = [0] * npf  # 0 unused, 1 gives VFs, 2 whole
+        targets: list[tuple[int, int]] = []
+        unpaired_t = (npf, 0)  # sorts after every PF: pair the lower GPUs first on ties
+        offers = self.offers
+        pf_numa = self.shape.pf_numa
+        rvf = fr.vfs
+
+        def ties_lose(d: int) -> bool:
+            bt = self.best_tie
+            return bt is not None and (gset, tuple(targets)) > (bt[0], bt[1][:d])
+
+        def dfs(d: int, paired: int, worst: int, total: int, mask: int, inst: int,
+                wholes: int, unpaired: int, maxload: int, sumsq: int, closed: int) -> None:
+            self.nodes += 1
+            need = pairs - paired
+            if need:
+                b, sums = suffix[d]
+                if need > len(b) or b[need - 1] >= INF:
+                    return
+                lw, ls = max(worst, b[need - 1]), total + sums[need]
+            else:
+                lw, ls = worst, total
+            if self._loses(lw, ls, lambda: (self.span(mask) or (None,))[0],
+                           (max(maxload, 1 if need else 0), sumsq + need),
+                           lambda: self.aligned(gpus_after, self.open0 & ~closed),
+                           lambda: ties_lose(d)):
+                return
+            if d == k:
+                self._instances(gset, tuple(targets), loads, mode, worst, total, mask,
+                                maxload, sumsq, gpus_after)
+                return
+            i = gset[d]
+            if paired < pairs:
+                for dist, j, kind in offers[i]:
+                    load = loads[j]
+                    m = mode[j]
+                    if kind == VF:
+                        if m == 2:
+                            continue
+                        tmin_old = -(-load // hi)
+                        tmin_new = -(-(load + 1) // hi)
+                        if tmin_new > rvf[j] or inst - tmin_old + tmin_new > sp.vfs:
+                            continue
+                        new_inst, new_wholes = inst - tmin_old + tmin_new, wholes
+                        new_closed = closed | (1 << j) if tmin_new >= rvf[j] else closed
+                        mode[j] = 1
+                    else:
+                        if m == 1 or load + 1 > hi or (m == 0 and wholes + 1 > sp.pfs):
+                            continue
+                        new_inst, new_wholes = inst, wholes + (m == 0)
+                        new_closed = closed | (1 << j)
+                        mode[j] = 2
+                    loads[j] = load + 1
+                    targets.append((j, kind))
+                    dfs(d + 1, paired + 1, max(worst, dist), total + dist,
+                        mask | (1 << pf_numa[j]), new_inst, new_wholes, unpaired,
+                        max(maxload, load + 1), sumsq + 2 * load + 1, new_closed)
+                    targets.pop()
+                    loads[j] = load
+                    mode[j] = m
+            if unpaired < unpaired_max:
+                targets.append(unpaired_t)
+                dfs(d + 1, paired, worst, total, mask, inst, wholes, unpaired + 1, maxload,
+                    sumsq, closed)
+                targets.pop()
+
+        dfs(0, 0, 0, 0, mask, 0, 0, 0, 0, 0, 0)
+
+    # ------------------------------------------------------------------ level 3: instances
+
+    def _instances(self, gset: tuple[int, ...], targets: tuple[tuple[int, int], ...],
+                   loads: list[int], mode: list[int], worst: int, total: int, mask: int,
+                   maxload: int, sumsq: int, gpus_after: int) -> None:
+        sp, fr = self.spec, self.free
+        lo, hi, npf = sp.lo, sp.hi, self.npf
+        rvf = fr.vfs
+        tmin = [0] * npf
+        tmax = [0] * npf
+        paired_whole = 0
+        paired_whole_mask = 0
+        for j in range(npf):
+            if mode[j] == 2:
+                if loads[j] < lo:
+                    return
+                paired_whole += 1
+                paired_whole_mask |= 1 << j
+            elif mode[j] == 1:
+                tmin[j] = -(-loads[j] // hi)
+                tmax[j] = min(rvf[j], loads[j] // lo) if lo else rvf[j]
+                if tmin[j] > tmax[j]:
+                    return
+            elif lo == 0 and sp.vfs:
+                tmax[j] = rvf[j]
+        extra_whole = sp.pfs - paired_whole
+        if extra_whole < 0 or (extra_whole and lo):
+            return
+        whole_cands = [j for j in range(npf) if mode[j] == 0 and fr.whole_ok[j]]
+        if len(whole_cands) < extra_whole:
+            return
+        fixed = (gset, targets, worst, total, (maxload, sumsq), mask, gpus_after,
+                 paired_whole_mask)
+        for wset in combinations(whole_cands, extra_whole):
+            self._fill(fixed, wset, tmin, tmax)
+
+    def _fill(self, fixed: tuple, wset: tuple[int, ...], tmin: list[int],
+              tmax: list[int]) -> None:
+        """Choose VF counts per PF (address order, most on the lowest PF first, so the first
+        of equal keys found is the lowest) once the pairing and the whole PFs are fixed."""
+        gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
+        sp, npf, rvf = self.spec, self.npf, self.free.vfs
+        pf_numa = self.shape.pf_numa
+        wmask_pf = sum(1 << j for j in wset)
+        order = [j for j in range(npf)
+                 if not (wmask_pf >> j) & 1 and (tmax[j] > 0 or tmin[j] > 0)]
+        n = len(order)
+        # Suffix sums bound what the PFs from position idx on can still take.
+        smin = [0] * (n + 1)
+        smax = [0] * (n + 1)
+        snuma = [0] * (n + 1)  # NUMA bits of later PFs that must give VFs
+        sclosed = [0] * (n + 1)  # later PFs that must give all their free VFs
+        for idx in range(n - 1, -1, -1):
+            j = order[idx]
+            smin[idx] = smin[idx + 1] + tmin[j]
+            smax[idx] = smax[idx + 1] + tmax[j]
+            snuma[idx] = snuma[idx + 1] | ((1 << pf_numa[j]) if tmin[j] else 0)
+            sclosed[idx] = sclosed[idx + 1] | ((1 << j) if tmin[j] >= rvf[j] else 0)
+        if not smin[0] <= sp.vfs <= smax[0]:
+            return
+        wnuma = mask
+        for j in wset:
+            wnuma |= 1 << pf_numa[j]
+        ctx = (gset, targets, wset)
+        counts = [0] * npf
+
+        def ties_lose() -> bool:
+            bt = self.best_tie
+            return bt is not None and (bt[0], bt[1], bt[2]) <= ctx
+
+        def dfs(idx: int, rem: int, cmask: int, closed: int) -> None:
+            self.nodes += 1
+            if idx == n:
+                s = self.span(cmask)
+                if s is None:
+                    return
+                a = self.aligned(gpus_after, self.open0 & ~closed)
+                key = (worst, total, s[0], crowd[0], crowd[1], -a)
+                vfms = tuple(j for j in range(npf) for _ in range(counts[j]))
+                tie = (gset, targets, wset, vfms)
+                if self.best_key is None or (key, tie) < (self.best_key, self.best_tie):
+                    self.best_key, self.best_tie = key, tie
+                    self.best = (gset, targets, wset, tuple(counts), cmask, s[1])
+                return
+            if self._loses(worst, total,
+                           lambda: (self.span(cmask | snuma[idx]) or (None,))[0], crowd,
+                           lambda: self.aligned(gpus_after,
+                                                self.open0 & ~(closed | sclosed[idx])),
+                           ties_lose):
+                return
+            j = order[idx]
+            top = min(tmax[j], rem - smin[idx + 1])
+            bottom = max(tmin[j], rem - smax[idx + 1])
+            bit = 1 << pf_numa[j]
+            for t in range(top, bottom - 1, -1):
+                counts[j] = t
+                dfs(idx + 1, rem - t, cmask | bit if t else cmask,
+                    closed | (1 << j) if t >= rvf[j] else closed)
+            counts[j] = 0
+
+        # PFs taken whole leave no free VF behind.
+        dfs(0, sp.vfs, wnuma, paired_whole_mask | wmask_pf)
+
+    # ------------------------------------------------------------------ result
+
+    def _choice(self) -> Choice:
+        assert self.best is not None and self.best_key is not None
+        gset, targets, wset, counts, dev_mask, cpu_mask = self.best
+        sp, fr = self.spec, self.free
+        nreal = len(self.shape.numa_ids)
+        cpu_bits = _bits(cpu_mask)
+        cpus = water_fill(sp.cpus, [(b, fr.cpus[b]) for b in cpu_bits]) if sp.cpus else []
+        memory = (water_fill(sp.memory, [(b, fr.memory[b]) for b in cpu_bits])
+                  if sp.memory else [])
+        unpaired = (self.npf, 0)
+        return Choice(
+            gpus=gset,
+            targets=tuple(None if t == unpaired else t for t in targets),
+            whole=tuple(sorted({j for t in targets if t != unpaired and t[1] == WHOLE
+                                for j in (t[0],)} | set(wset))),
+            vf_counts=counts,
+            numa_mask=(dev_mask | cpu_mask) & ((1 << nreal) - 1),
+            cpus=tuple(c for c in cpus if c[1]),
+            memory=tuple(m for m in memory if m[1]),
+            key=self.best_key,
+        )
+
+
+def search(shape: NodeShape, free: FreeState, request: Request) -> Choice | None:
+    """The key's minimum for `request` on this node, or None when nothing is feasible."""
+    return Search(shape, free, Spec.of(request)).run()
