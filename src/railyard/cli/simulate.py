@@ -95,7 +95,9 @@ def simulate(
     except OSError as exc:
         fail(f"cannot write the report to {output}: {exc}")
     print_table(console, result, info, console_rows(result), FOOTNOTES)
-    console.print(f"report: [bold]{report}[/bold]  (metrics.json and PNGs alongside)")
+    # soft_wrap: the path stays on one line, whole, for copying.
+    console.print(f"report: [bold]{report}[/bold]  (metrics.json and PNGs alongside)",
+                  soft_wrap=True, highlight=False)
 
 
 def print_table(console, result, info, rows, footnotes) -> None:
