@@ -1,0 +1,205 @@
+"""What the CNI service keeps on disk, under `<state_dir>/cni/`, so DEL works after any crash.
+
+- `attachments/<network>/<container id>:<ifname>.json`: one record per attachment, written
+  before the first device moves and updated after each step, so a DEL (or the rollback of a
+  failed ADD) knows every device's original name, MAC and MTU and which IPAM calls to undo.
+- `in-use/<pci>.json`: which attachment (and network namespace) holds a device now; a device
+  recorded in use by a namespace that still exists is never handed to another attachment.
+- `locks/<pci>.lock`: flock per device, as sriov-cni does, taken in address order.
+
+Every write is temp + rename; records are msgspec structs, decoded with validation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+from railyard.cni.spec import CniError, Code
+
+RECORD_VERSION = 1
+
+
+class MovedDevice(msgspec.Struct, kw_only=True):
+    """One device of an attachment: where it came from and what was done to it."""
+
+    pci: str
+    kind: str  # "vf" | "pf"
+    ifname: str  # its name inside the pod
+    original_name: str
+    original_mac: str | None
+    original_mtu: int
+    original_up: bool
+    rdma_device: str | None = None
+    rdma_moved: bool = False
+    ipam_type: str | None = None
+    ipam_version: str | None = None
+    ipam_started: bool = False  # IPAM ADD was called: DEL must be forwarded
+    ipam_result: dict | None = None
+    device_info_path: str | None = None
+
+
+class AttachmentRecord(msgspec.Struct, kw_only=True):
+    version: int = RECORD_VERSION
+    network: str
+    container_id: str
+    ifname: str
+    netns: str
+    netns_id: tuple[int, int] | None  # (st_dev, st_ino): the namespace, not just its path
+    pod_uid: str | None
+    pod_namespace: str | None
+    pod_name: str | None
+    cni_args: str = ""
+    cni_path: list[str] = msgspec.field(default_factory=list)  # where IPAM was found, for DEL
+    state: str = "adding"  # "adding" until ADD returns; "added" after
+    devices: list[MovedDevice] = msgspec.field(default_factory=list)
+    ipam_conf: dict | None = None  # the config IPAM saw (minus per-interface ipam), for DEL
+
+
+class InUse(msgspec.Struct, kw_only=True):
+    network: str
+    container_id: str
+    ifname: str
+    netns: str
+    netns_id: tuple[int, int] | None
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def _write_atomic(path: Path, body: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, body)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+
+
+class CniStore:
+    """The attachment records, in-use notes and device locks below one state folder."""
+
+    def __init__(self, state_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(state_dir) / "cni"
+        self.attachments = self.root / "attachments"
+        self.in_use_dir = self.root / "in-use"
+        self.locks_dir = self.root / "locks"
+        for d in (self.attachments, self.in_use_dir, self.locks_dir):
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            except OSError as e:
+                raise CniError(Code.IO, f"state folder {d}: {e.strerror}") from None
+
+    # ------------------------------------------------------------------ attachments
+
+    def _path(self, network: str, container_id: str, ifname: str) -> Path:
+        # Names were validated at the boundary: none holds '/' or ':'.
+        return self.attachments / network / f"{container_id}:{ifname}.json"
+
+    def load(self, network: str, container_id: str, ifname: str) -> AttachmentRecord | None:
+        return self._read(self._path(network, container_id, ifname))
+
+    def _read(self, path: Path) -> AttachmentRecord | None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise CniError(Code.IO, f"{path}: {e.strerror}") from None
+        try:
+            return msgspec.json.decode(data, type=AttachmentRecord)
+        except msgspec.DecodeError as e:
+            raise CniError(Code.IO, f"{path}: unreadable attachment record: {e}") from None
+
+    def save(self, rec: AttachmentRecord) -> None:
+        path = self._path(rec.network, rec.container_id, rec.ifname)
+        try:
+            path.parent.mkdir(exist_ok=True, mode=0o700)
+            _write_atomic(path, _encoder.encode(rec))
+        except OSError as e:
+            raise CniError(Code.IO, f"{path}: {e.strerror}") from None
+
+    def remove(self, rec: AttachmentRecord) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(rec.network, rec.container_id, rec.ifname).unlink()
+
+    def records(self, network: str) -> list[AttachmentRecord]:
+        """Every readable record of one network (GC); unreadable files are skipped."""
+        out = []
+        folder = self.attachments / network
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+            try:
+                rec = self._read(path)
+            except CniError:
+                continue
+            if rec is not None:
+                out.append(rec)
+        return out
+
+    # ------------------------------------------------------------------ in use
+
+    def in_use(self, pci: str) -> InUse | None:
+        path = self.in_use_dir / f"{pci}.json"
+        try:
+            return msgspec.json.decode(path.read_bytes(), type=InUse)
+        except FileNotFoundError:
+            return None
+        except (OSError, msgspec.DecodeError):
+            return None  # an unreadable note protects nothing; the netns check still does
+
+    def mark_in_use(self, pci: str, note: InUse) -> None:
+        try:
+            _write_atomic(self.in_use_dir / f"{pci}.json", _encoder.encode(note))
+        except OSError as e:
+            raise CniError(Code.IO, f"in-use note for {pci}: {e.strerror}") from None
+
+    def clear_in_use(self, pci: str, rec: AttachmentRecord) -> None:
+        """Drop the note only if this attachment wrote it."""
+        note = self.in_use(pci)
+        if note is not None and (note.network, note.container_id, note.ifname) != (
+                rec.network, rec.container_id, rec.ifname):
+            return
+        with contextlib.suppress(FileNotFoundError):
+            (self.in_use_dir / f"{pci}.json").unlink()
+
+    # ------------------------------------------------------------------ locks
+
+    @contextlib.contextmanager
+    def locked(self, pcis: list[str] | tuple[str, ...], timeout_s: float) -> Iterator[None]:
+        """flock every device's lock file, in address order (no deadlock between two ADDs).
+
+        flock belongs to the open file description, so two threads of the service exclude
+        each other as two processes do.
+        """
+        fds: list[int] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            for pci in sorted(set(pcis)):
+                fd = os.open(self.locks_dir / f"{pci}.lock",
+                             os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fds.append(fd)
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except OSError as e:
+                        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                            raise
+                        if time.monotonic() >= deadline:
+                            raise CniError(Code.TRY_AGAIN,
+                                           f"device {pci} is busy (another CNI call holds its "
+                                           f"lock for more than {timeout_s:g} s)") from None
+                        time.sleep(0.005)
+            yield
+        finally:
+            for fd in fds:
+                os.close(fd)  # closing releases the flock

@@ -1,0 +1,641 @@
+"""The CNI verbs: move exactly this pod's granted NICs into its netns, named by pair order.
+
+`Plugin.handle(env, stdin)` is one CNI call as a runtime makes it; it answers (exit code,
+stdout, stderr) and never raises. The service runs it warm behind the shim; standalone mode
+runs it in the shim's own process. Devices come only from `Grants` (the node state store);
+every move goes host → temporary netns (rename there) → pod, so a name clash on either side
+cannot leave a device half-moved, and any failure mid-ADD puts every device back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import traceback
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from railyard.allocation.types import NicRef
+from railyard.cni import devices
+from railyard.cni.cache import AttachmentRecord, CniStore, InUse, MovedDevice
+from railyard.cni.grants import Grants, PodDevices, confirm
+from railyard.cni.ipam import Ipam, IpamCall
+from railyard.cni.netns import Link, LinkError, Links, Netns, NetnsError, netns_identity
+from railyard.cni.rdma import RdmaError, RdmaNetns
+from railyard.cni.spec import (
+    LATEST_VERSION,
+    SUPPORTED_VERSIONS,
+    VALID_ATTACHMENTS,
+    Call,
+    CniError,
+    Code,
+    IpamResult,
+    NetConf,
+    ResultInterface,
+    build_result,
+    check_ifname,
+    pair_ifnames,
+    parse_env,
+    parse_ipam_result,
+    parse_netconf,
+    version_key,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Node-side settings. Never read from a network config: whoever writes one (a namespace
+    user, through a NetworkAttachmentDefinition) must not choose where devices are looked up."""
+
+    sysfs_root: str = "/"
+    host_netns: str | None = None  # None: the service's own namespace
+    device_info_dir: str = DEFAULT_DEVICE_INFO_DIR
+    lock_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    code: int
+    stdout: bytes = b""
+    stderr: bytes = b""
+
+
+def _fallback_name(pci: str) -> str:
+    """A name for a device whose original name was taken in the host meanwhile (≤ 15 bytes)."""
+    return ("ry" + pci.replace(":", "").replace(".", ""))[-15:]
+
+
+@dataclass
+class _Problems:
+    """Failures met while putting devices back; one message for the runtime."""
+
+    items: list[str] = field(default_factory=list)
+
+    def add(self, text: str) -> None:
+        log.warning("cni: %s", text)
+        self.items.append(text)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+class Plugin:
+    def __init__(self, state_dir: str, grants: Grants, rdma: RdmaNetns, *,
+                 settings: Settings | None = None, pod_devices: PodDevices | None = None,
+                 ipam: Ipam | None = None) -> None:
+        self.settings = settings or Settings()
+        self.store = CniStore(state_dir)
+        self.grants = grants
+        self.rdma = rdma
+        self.pod_devices = pod_devices
+        self.ipam = ipam or Ipam()
+        # Asked once at start: the kernel's mode changes only while no other netns exists.
+        self.rdma_mode = rdma.mode()
+        self.host = (Netns.open(self.settings.host_netns) if self.settings.host_netns
+                     else Netns.current())
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="railyard-ipam")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.host.close()
+
+    # ------------------------------------------------------------------ entry
+
+    def handle(self, env: Mapping[str, str], stdin: bytes) -> Reply:
+        version = LATEST_VERSION
+        try:
+            call = parse_env(env)
+            if call.command == "VERSION":
+                return self._version(stdin)
+            try:
+                data = json.loads(stdin)
+            except (ValueError, UnicodeDecodeError) as e:
+                raise CniError(Code.DECODE, f"network config on stdin is not JSON: {e}") from None
+            if not isinstance(data, dict):
+                raise CniError(Code.DECODE, "network config on stdin is not a JSON object")
+            if isinstance(data.get("cniVersion"), str) and data["cniVersion"] in \
+                    SUPPORTED_VERSIONS:
+                version = data["cniVersion"]
+            conf = parse_netconf(data)
+            if call.command in ("GC", "STATUS") and version_key(conf.version) < (1, 1, 0):
+                raise CniError(Code.INCOMPATIBLE_VERSION,
+                               f"{call.command} needs cniVersion 1.1.0, the config has "
+                               f"{conf.version}")
+            out = getattr(self, f"_{call.command.lower()}")(call, conf)
+            return Reply(0, (json.dumps(out) + "\n").encode() if out is not None else b"")
+        except CniError as e:
+            return Reply(1, (json.dumps(e.to_json(version)) + "\n").encode())
+        except Exception as e:  # never a traceback to the runtime; the log keeps it
+            log.error("cni: unexpected failure\n%s", traceback.format_exc())
+            err = CniError(Code.IO, f"internal error: {type(e).__name__}: {e}")
+            return Reply(1, (json.dumps(err.to_json(version)) + "\n").encode(),
+                         traceback.format_exc().encode())
+
+    def _version(self, stdin: bytes) -> Reply:
+        try:
+            asked = json.loads(stdin).get("cniVersion")
+        except (ValueError, AttributeError):
+            asked = None
+        out = {"cniVersion": asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION,
+               "supportedVersions": list(SUPPORTED_VERSIONS)}
+        return Reply(0, (json.dumps(out) + "\n").encode())
+
+    # ------------------------------------------------------------------ ADD
+
+    def _add(self, call: Call, conf: NetConf) -> dict:
+        base = self._base_ifname(call, conf)
+        if not (call.args.uid or (call.args.namespace and call.args.name)):
+            raise CniError(Code.INVALID_ENV,
+                           "CNI_ARGS: K8S_POD_UID, or K8S_POD_NAMESPACE and K8S_POD_NAME, are "
+                           "needed to find the pod's devices")
+        try:
+            pod_ns = Netns.open(call.netns)
+        except NetnsError as e:
+            raise CniError(Code.UNKNOWN_CONTAINER, f"CNI_NETNS: {e.strerror}") from None
+        with pod_ns:
+            nics = self.grants.granted_nics(call.args)
+            if not nics:
+                # Not a pod with Railyard NICs: pass the chain's result through untouched.
+                return build_result(conf.version, conf.prev_result, [], [])
+            confirm(nics, call.args, self.pod_devices)
+            names = pair_ifnames(base, len(nics))
+            taken = {i.get("name") for i in (conf.prev_result or {}).get("interfaces") or []
+                     if isinstance(i, dict)}
+            clash = [n for n in names if n in taken]
+            if clash:
+                raise CniError(Code.INVALID_CONFIG,
+                               f"interface name {clash[0]!r} is already in prevResult; set "
+                               "\"ifname\" in the config to name Railyard's interfaces")
+            needs_ipam = conf.ipam is not None or any(i.ipam for i in conf.interfaces)
+            if needs_ipam and not call.path:
+                raise CniError(Code.INVALID_ENV, "CNI_PATH is required to find IPAM plugins")
+            existing = self.store.load(conf.name, call.container_id, call.ifname)
+            if existing is not None:
+                raise CniError(Code.ATTACHMENT_EXISTS,
+                               f"attachment ({call.container_id}, {call.ifname}) of network "
+                               f"{conf.name} already exists; DEL it first")
+            with self.store.locked([n.pci_address for n in nics], self.settings.lock_timeout_s):
+                return self._add_locked(call, conf, pod_ns, nics, names)
+
+    def _base_ifname(self, call: Call, conf: NetConf) -> str:
+        own = conf.raw.get("ifname")
+        if own is None:
+            return call.ifname
+        if not isinstance(own, str):
+            raise CniError(Code.INVALID_CONFIG, "ifname: expected an interface name")
+        try:
+            return check_ifname(own, "ifname")
+        except CniError as e:
+            raise CniError(Code.INVALID_CONFIG, e.msg) from None
+
+    def _add_locked(self, call: Call, conf: NetConf, pod_ns: Netns,
+                    nics: tuple[NicRef, ...], names: tuple[str, ...]) -> dict:
+        rec = AttachmentRecord(
+            network=conf.name, container_id=call.container_id, ifname=call.ifname,
+            netns=call.netns, netns_id=pod_ns.identity(), pod_uid=call.args.uid,
+            pod_namespace=call.args.namespace, pod_name=call.args.name,
+            cni_args=call.args_text, cni_path=list(call.path),
+            ipam_conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
+        )
+        # One temporary namespace for the whole call, alive until any rollback is done: a
+        # namespace that dies holding a device would destroy a veth and scatter real VFs.
+        with self.host.links() as host, Netns.create("a temporary namespace") as tmp, \
+                tmp.links() as staging:
+            for i, (nic, name) in enumerate(zip(nics, names, strict=True)):
+                rec.devices.append(self._plan(host, nic, name, i, conf, rec))
+            # The record is on disk before anything moves: after a crash at any later point,
+            # DEL (which a runtime sends after a failed ADD) has all it needs.
+            self.store.save(rec)
+            note = InUse(network=rec.network, container_id=rec.container_id, ifname=rec.ifname,
+                         netns=rec.netns, netns_id=rec.netns_id)
+            for d in rec.devices:
+                self.store.mark_in_use(d.pci, note)
+            try:
+                links = self._move_in(host, staging, tmp, pod_ns, rec, conf)
+                ipams = self._run_ipam(call, conf, rec)
+                with pod_ns.links() as pod:
+                    for d, ipam in zip(rec.devices, ipams, strict=True):
+                        if ipam is not None:
+                            self._configure_ips(pod, links[d.ifname], ipam)
+                self._write_device_info(call, conf, rec)
+                rec.state = "added"
+                self.store.save(rec)
+            except BaseException as e:
+                problems = self._teardown(rec, pod_ns, call.path, host, (tmp, staging))
+                if problems:
+                    self.store.save(rec)  # DEL finishes what the rollback could not
+                else:
+                    self._forget(rec)
+                if isinstance(e, CniError):
+                    err = e
+                elif isinstance(e, (LinkError, RdmaError)):
+                    err = CniError(Code.MOVE_FAILED, str(e))
+                else:
+                    raise
+                outcome = ("rollback incomplete: " + "; ".join(problems.items) if problems
+                           else "rolled back: every device is back in the host namespace")
+                err.details = f"{err.details}; {outcome}" if err.details else outcome
+                raise err from None
+        result_ifaces = [
+            ResultInterface(d.ifname, links[d.ifname].mac or "", call.netns,
+                            links[d.ifname].mtu, d.pci)
+            for d in rec.devices
+        ]
+        return build_result(conf.version, conf.prev_result, result_ifaces, ipams)
+
+    def _plan(self, host: Links, nic: NicRef, name: str, i: int, conf: NetConf,
+              rec: AttachmentRecord) -> MovedDevice:
+        """Check one granted device is free and in the host namespace; note its originals."""
+        pci = nic.pci_address
+        note = self.store.in_use(pci)
+        other = note is not None and (note.network, note.container_id, note.ifname) != (
+            rec.network, rec.container_id, rec.ifname)
+        if other and note.netns_id is not None and \
+                netns_identity(note.netns) == tuple(note.netns_id):
+            raise CniError(Code.DEVICE_UNAVAILABLE,
+                               f"{nic.kind.upper()} {pci} is in use by container "
+                               f"{note.container_id} ({note.ifname}) whose network namespace "
+                               f"{note.netns} still exists")
+        netdev = devices.netdev_of(self.settings.sysfs_root, pci)
+        link = host.get(netdev) if netdev else None
+        if link is None:
+            raise CniError(Code.DEVICE_UNAVAILABLE,
+                           f"{nic.kind.upper()} {pci} has no netdev in the host network "
+                           "namespace (held by another pod, or its driver is not bound)")
+        if link.parent is not None and self.settings.sysfs_root == "/" and link.parent != pci:
+            # The kernel names the netdev's parent device: believe it over a path lookup.
+            raise CniError(Code.DEVICE_UNAVAILABLE,
+                           f"netdev {link.name} belongs to {link.parent}, not to {pci}")
+        ifc = conf.interface(i)
+        rdma_dev = None
+        if self.rdma_mode == "exclusive":
+            rdma_dev = devices.rdma_device_of(self.settings.sysfs_root, pci) or nic.rdma_device
+        return MovedDevice(
+            pci=pci, kind=nic.kind, ifname=name, original_name=link.name,
+            original_mac=link.mac, original_mtu=link.mtu, original_up=link.up,
+            rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
+        )
+
+    def _move_in(self, host: Links, staging: Links, tmp: Netns, pod_ns: Netns,
+                 rec: AttachmentRecord, conf: NetConf) -> dict[str, Link]:
+        """host → temporary netns (rename, MTU, MAC there) → pod; bring each link up."""
+        for d in rec.devices:
+            if d.rdma_device:
+                # Before the netdev: an IPoIB netdev may only follow its RDMA device.
+                self.rdma.move(d.rdma_device, self.host, pod_ns)
+                d.rdma_moved = True
+                self.store.save(rec)
+            link = host.get(d.original_name)
+            if link is None:
+                raise CniError(Code.DEVICE_UNAVAILABLE,
+                               f"{d.pci} ({d.original_name}) left the host namespace")
+            host.move(link, tmp)
+        for i, d in enumerate(rec.devices):
+            ifc = conf.interface(i)
+            staging.set(self._need(staging, d.original_name), name=d.ifname, mtu=ifc.mtu,
+                        mac=ifc.mac)
+        out = {}
+        with pod_ns.links() as pod:
+            for d in rec.devices:
+                staging.move(self._need(staging, d.ifname), pod_ns)
+            for d in rec.devices:
+                pod.set(self._need(pod, d.ifname), up=True)
+                out[d.ifname] = self._need(pod, d.ifname)
+        return out
+
+    @staticmethod
+    def _need(links: Links, name: str) -> Link:
+        link = links.get(name)
+        if link is None:
+            raise LinkError("find", f"{name} in {links.netns.label}", 19, "vanished")
+        return link
+
+    def _run_ipam(self, call: Call, conf: NetConf,
+                  rec: AttachmentRecord) -> list[IpamResult | None]:
+        """IPAM ADD per interface, concurrently; each call is noted on disk before it is made."""
+        jobs: list[tuple[str, str, Mapping[str, Any], MovedDevice] | None] = []
+        for i, d in enumerate(rec.devices):
+            ipam = conf.interface(i).ipam
+            if ipam is None:
+                jobs.append(None)
+                continue
+            exe = self.ipam.find(ipam["type"], call.path)
+            version = self.ipam.version_for(exe, conf.version)
+            if version is None:
+                raise CniError(Code.INCOMPATIBLE_VERSION,
+                               f"IPAM plugin {ipam['type']} speaks no version up to "
+                               f"{conf.version}")
+            d.ipam_version = version
+            d.ipam_started = True
+            jobs.append((exe, version, ipam, d))
+        self.store.save(rec)
+        futures = [
+            None if job is None else self._pool.submit(
+                self.ipam.add, job[0], job[1], conf.raw, job[2],
+                IpamCall(call.container_id, call.netns, job[3].ifname, call.args_text,
+                         call.path))
+            for job in jobs
+        ]
+        results: list[IpamResult | None] = []
+        first_error: BaseException | None = None
+        for f, d in zip(futures, rec.devices, strict=True):
+            if f is None:
+                results.append(None)
+                continue
+            try:
+                res, raw = f.result()
+                d.ipam_result = raw
+                results.append(res)
+            except BaseException as e:  # wait for every call before failing
+                results.append(None)
+                first_error = first_error or e
+        self.store.save(rec)
+        if first_error is not None:
+            raise first_error
+        return results
+
+    def _configure_ips(self, pod: Links, link: Link, ipam: IpamResult) -> None:
+        gateways: dict[int, str] = {}
+        for address, gateway in ipam.ips:
+            pod.add_address(link, address)
+            if gateway:
+                gateways.setdefault(6 if ":" in address else 4, gateway)
+        for r in ipam.routes:
+            gw = r.get("gw") or gateways.get(6 if ":" in r["dst"] else 4)
+            pod.add_route(link, r["dst"], gw)
+
+    def _write_device_info(self, call: Call, conf: NetConf, rec: AttachmentRecord) -> None:
+        """Multus's device-info file per interface: `{"type": "pci", "pci": {…}}`."""
+        folder = os.path.realpath(self.settings.device_info_dir)
+        for i, d in enumerate(rec.devices):
+            path = os.path.join(folder, f"{conf.name}-{call.container_id}-{d.ifname}"
+                                        "-device-info.json")
+            asked = conf.device_info_file
+            if i == 0 and asked and os.path.dirname(os.path.realpath(asked)) == folder:
+                path = os.path.realpath(asked)  # Multus chose the name; only inside its folder
+            pci: dict[str, Any] = {"pci-address": d.pci}
+            rdma = d.rdma_device or devices.rdma_device_of(self.settings.sysfs_root, d.pci)
+            if rdma:
+                pci["rdma-device"] = rdma
+            body = json.dumps({"type": "pci", "version": "1.1.0", "pci": pci}).encode()
+            try:
+                os.makedirs(folder, exist_ok=True)
+                tmp = f"{path}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    f.write(body)
+                os.replace(tmp, path)
+            except OSError as e:
+                raise CniError(Code.IO, f"device-info file {path}: {e.strerror}") from None
+            d.device_info_path = path
+        self.store.save(rec)
+
+    # ------------------------------------------------------------------ putting back
+
+    def _teardown(self, rec: AttachmentRecord, pod_ns: Netns | None, path: tuple[str, ...],
+                  host: Links | None = None,
+                  stage: tuple[Netns, Links] | None = None) -> _Problems:
+        """Every device back in the host under its original name, MAC and MTU; IPAM released.
+
+        Works from whatever state a crash left: each device is looked for in the pod, in the
+        temporary namespace, in the host under its original name, or wherever sysfs says its
+        netdev is now.
+        """
+        problems = _Problems()
+        self._release_ipam(rec, path or tuple(rec.cni_path), problems)
+        with contextlib.ExitStack() as stack:
+            if host is None:
+                host = stack.enter_context(self.host.links())
+            if stage is None:
+                tmp = stack.enter_context(Netns.create("a temporary namespace"))
+                stage = (tmp, stack.enter_context(tmp.links()))
+            pod = stack.enter_context(pod_ns.links()) if pod_ns is not None else None
+            for d in reversed(rec.devices):
+                self._put_back(d, pod, stage[1], stage[0], host, problems)
+                if d.rdma_moved:
+                    self._rdma_back(d, pod_ns, problems)
+        for d in rec.devices:
+            if d.device_info_path:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(d.device_info_path)
+                d.device_info_path = None
+        return problems
+
+    def _put_back(self, d: MovedDevice, pod: Links | None, staging: Links, tmp: Netns,
+                  host: Links, problems: _Problems) -> None:
+        try:
+            link = pod.get(d.ifname) if pod is not None else None
+            if link is not None and link.parent not in (None, d.pci):
+                link = None  # the name now belongs to something else: not ours to take
+            if link is not None:
+                pod.down(link)
+                pod.move(link, tmp)
+                link = self._need(staging, d.ifname)
+            else:
+                link = staging.get(d.ifname) or staging.get(d.original_name)
+            if link is None:
+                # Not in the pod: in the host (never moved, or back after its netns died).
+                home = host.get(d.original_name)
+                if home is None:
+                    now = devices.netdev_of(self.settings.sysfs_root, d.pci)
+                    home = host.get(now) if now else None
+                if home is not None:
+                    self._restore_in_place(host, home, d)
+                elif pod is not None:
+                    problems.add(f"{d.pci}: found neither in the pod nor in the host")
+                # else: gone with its namespace (a veth dies with it) or held elsewhere.
+                return
+            staging.set(link, name=d.original_name, mtu=d.original_mtu, mac=d.original_mac)
+            link = self._need(staging, d.original_name)
+            try:
+                staging.move(link, self.host)
+            except LinkError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+                other = _fallback_name(d.pci)
+                staging.set(link, name=other)
+                staging.move(self._need(staging, other), self.host)
+                problems.add(f"{d.pci}: its name {d.original_name} was taken in the host "
+                             f"meanwhile; it is back as {other}")
+                return
+            back = host.get(d.original_name)
+            if back is not None and d.original_up:
+                host.set(back, up=True)
+        except LinkError as e:
+            problems.add(f"{d.pci}: {e}")
+
+    @staticmethod
+    def _restore_in_place(host: Links, link: Link, d: MovedDevice) -> None:
+        if link.name != d.original_name:
+            host.down(link)
+            link = host.get(link.name) or link
+        host.set(link, name=d.original_name, mtu=d.original_mtu, mac=d.original_mac)
+        back = host.get(d.original_name)
+        if back is not None:
+            host.set(back, up=d.original_up)
+
+    def _rdma_back(self, d: MovedDevice, pod_ns: Netns | None, problems: _Problems) -> None:
+        if pod_ns is None:
+            d.rdma_moved = False  # the kernel returns an RDMA device when its netns dies
+            return
+        try:
+            self.rdma.move(d.rdma_device or "", pod_ns, self.host)
+            d.rdma_moved = False
+        except RdmaError as e:
+            problems.add(str(e))
+
+    def _release_ipam(self, rec: AttachmentRecord, path: tuple[str, ...],
+                      problems: _Problems) -> None:
+        base = rec.ipam_conf or {}
+        for i, d in enumerate(rec.devices):
+            if not d.ipam_started:
+                continue
+            ipam = self._ipam_of(base, i)
+            if ipam is None:
+                d.ipam_started = False
+                continue
+            try:
+                exe = self.ipam.find(ipam["type"], path)
+                self.ipam.delete(exe, d.ipam_version or "0.4.0", base, ipam,
+                                 IpamCall(rec.container_id, rec.netns, d.ifname, rec.cni_args,
+                                          path))
+                d.ipam_started = False
+            except CniError as e:
+                problems.add(e.msg)
+
+    @staticmethod
+    def _ipam_of(base: Mapping[str, Any], i: int) -> Mapping[str, Any] | None:
+        ifs = base.get("interfaces") or []
+        own = ifs[i].get("ipam") if i < len(ifs) and isinstance(ifs[i], dict) else None
+        return own or base.get("ipam") or None
+
+    def _forget(self, rec: AttachmentRecord) -> None:
+        for d in rec.devices:
+            self.store.clear_in_use(d.pci, rec)
+        self.store.remove(rec)
+
+    # ------------------------------------------------------------------ DEL, CHECK, GC, STATUS
+
+    def _del(self, call: Call, conf: NetConf) -> None:
+        rec = self.store.load(conf.name, call.container_id, call.ifname)
+        if rec is None:
+            return None  # never added, or already deleted: success (DEL is idempotent)
+        self._delete_record(rec, call.path)
+        return None
+
+    def _delete_record(self, rec: AttachmentRecord, path: tuple[str, ...]) -> None:
+        with self.store.locked([d.pci for d in rec.devices], self.settings.lock_timeout_s):
+            pod_ns = self._open_recorded(rec)
+            try:
+                problems = self._teardown(rec, pod_ns, path)
+            finally:
+                if pod_ns is not None:
+                    pod_ns.close()
+            if problems:
+                self.store.save(rec)
+                raise CniError(Code.MOVE_FAILED,
+                               f"DEL of ({rec.container_id}, {rec.ifname}) incomplete",
+                               "; ".join(problems.items))
+            self._forget(rec)
+
+    @staticmethod
+    def _open_recorded(rec: AttachmentRecord) -> Netns | None:
+        """The pod's namespace if the recorded path still names the same namespace."""
+        if rec.netns_id is None or netns_identity(rec.netns) != tuple(rec.netns_id):
+            return None
+        try:
+            return Netns.open(rec.netns)
+        except NetnsError:
+            return None
+
+    def _check(self, call: Call, conf: NetConf) -> None:
+        rec = self.store.load(conf.name, call.container_id, call.ifname)
+        if rec is None:
+            if self.grants.granted_nics(call.args):
+                raise CniError(Code.CHECK_FAILED,
+                               f"no attachment ({call.container_id}, {call.ifname}) recorded")
+            return None
+        if rec.state != "added":
+            raise CniError(Code.CHECK_FAILED, "the attachment's ADD did not complete")
+        pod_ns = self._open_recorded(rec)
+        if pod_ns is None:
+            raise CniError(Code.CHECK_FAILED, f"network namespace {rec.netns} is gone")
+        prev_names = {i.get("name") for i in (conf.prev_result or {}).get("interfaces") or []
+                      if isinstance(i, dict)}
+        with pod_ns, pod_ns.links() as pod:
+            for i, d in enumerate(rec.devices):
+                link = pod.get(d.ifname)
+                if link is None:
+                    raise CniError(Code.CHECK_FAILED, f"{d.ifname} ({d.pci}) is not in the pod")
+                if link.parent not in (None, d.pci):
+                    raise CniError(Code.CHECK_FAILED, f"{d.ifname} is not {d.pci}")
+                if not link.up:
+                    raise CniError(Code.CHECK_FAILED, f"{d.ifname} is down")
+                ifc = conf.interface(i)
+                if ifc.mtu and link.mtu != ifc.mtu:
+                    raise CniError(Code.CHECK_FAILED,
+                                   f"{d.ifname} has MTU {link.mtu}, configured {ifc.mtu}")
+                if ifc.mac and (link.mac or "").lower() != ifc.mac:
+                    raise CniError(Code.CHECK_FAILED,
+                                   f"{d.ifname} has MAC {link.mac}, configured {ifc.mac}")
+                if conf.prev_result is not None and d.ifname not in prev_names:
+                    raise CniError(Code.CHECK_FAILED, f"{d.ifname} is missing from prevResult")
+                if d.ipam_result:
+                    want = {a for a, _ in parse_ipam_result(d.ipam_result, "cached").ips}
+                    have = pod.addresses(link)
+                    missing = sorted(want - have)
+                    if missing:
+                        raise CniError(Code.CHECK_FAILED,
+                                       f"{d.ifname} lacks address {missing[0]}")
+                if ifc.ipam and d.ipam_version and version_key(d.ipam_version) >= (0, 4, 0):
+                    exe = self.ipam.find(ifc.ipam["type"], call.path)
+                    self.ipam.check(exe, d.ipam_version, conf.raw, ifc.ipam,
+                                    IpamCall(call.container_id, call.netns, d.ifname,
+                                             call.args_text, call.path), None)
+        return None
+
+    def _gc(self, call: Call, conf: NetConf) -> None:
+        valid = {(a.container_id, a.ifname) for a in conf.valid_attachments or ()}
+        problems = []
+        for rec in self.store.records(conf.name):
+            if (rec.container_id, rec.ifname) in valid:
+                continue
+            try:
+                self._delete_record(rec, call.path)
+            except CniError as e:
+                problems.append(f"{e.msg}: {e.details}")
+        for ipam in {json.dumps(i, sort_keys=True) for i in self._ipams(conf)}:
+            spec = json.loads(ipam)
+            exe = self.ipam.find(spec["type"], call.path)
+            self.ipam.gc_or_status(exe, "GC", conf.raw, spec, call.path,
+                                   {VALID_ATTACHMENTS: conf.raw.get(VALID_ATTACHMENTS, [])})
+        if problems:
+            raise CniError(Code.MOVE_FAILED, "GC incomplete", "; ".join(problems))
+        return None
+
+    def _status(self, call: Call, conf: NetConf) -> None:
+        if not os.access(self.store.root, os.W_OK):
+            raise CniError(Code.NOT_AVAILABLE, f"state folder {self.store.root} is not writable")
+        for ipam in {json.dumps(i, sort_keys=True) for i in self._ipams(conf)}:
+            spec = json.loads(ipam)
+            try:
+                exe = self.ipam.find(spec["type"], call.path)
+            except CniError as e:
+                raise CniError(Code.NOT_AVAILABLE, e.msg) from None
+            self.ipam.gc_or_status(exe, "STATUS", conf.raw, spec, call.path)
+        return None
+
+    @staticmethod
+    def _ipams(conf: NetConf) -> list[Mapping[str, Any]]:
+        out = [i.ipam for i in conf.interfaces if i.ipam]
+        if conf.ipam:
+            out.append(conf.ipam)
+        return out

@@ -1,0 +1,143 @@
+"""The warm CNI service: a unix socket the `railyard-cni` shim forwards each call to.
+
+One thread per call (network-namespace hops are per thread, and calls for different pods must
+not wait on each other; calls touching the same device serialise on its lock). Only root, or
+the service's own user, may call: the socket is 0600 and the peer's credentials are checked.
+The agent starts it in-process (`start(...)` in a thread, or `serve(...)` blocking); `railyard
+cni serve` runs it alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Callable
+
+from railyard.agent.state import StateStore
+from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET, KubeletPodResources, StoreGrants
+from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin, Settings
+from railyard.cni.rdma import RdmaNetlink, RdmaNetns
+from railyard.cni.shim import (
+    DEFAULT_SOCKET,
+    MAGIC,
+    decode_env,
+    encode_reply,
+    error_json,
+    recv_blob,
+    recv_exact,
+)
+from railyard.cni.spec import Code
+
+log = logging.getLogger(__name__)
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def build_plugin(state_dir: str, *, sysfs_root: str = "/", host_netns: str | None = None,
+                 device_info_dir: str = DEFAULT_DEVICE_INFO_DIR, rdma: RdmaNetns | None = None,
+                 pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET,
+                 store: StateStore | None = None) -> Plugin:
+    """The plugin over the node state store in `state_dir` (the agent's `--state-dir`)."""
+    return Plugin(
+        state_dir, StoreGrants(store or StateStore(state_dir)), rdma or RdmaNetlink(),
+        settings=Settings(sysfs_root=sysfs_root, host_netns=host_netns,
+                          device_info_dir=device_info_dir),
+        pod_devices=KubeletPodResources(pod_resources_socket) if pod_resources_socket else None,
+    )
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: CniServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        try:
+            pid, uid, _gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            if uid not in (0, os.getuid()):
+                log.warning("cni service: refusing a call from uid %d (pid %d)", uid, pid)
+                sock.sendall(encode_reply(1, error_json(Code.INVALID_ENV,
+                                                        "caller is not root"), b""))
+                return
+            sock.settimeout(30.0)
+            if recv_exact(sock, len(MAGIC)) != MAGIC:
+                return
+            env = decode_env(recv_blob(sock))
+            stdin = recv_blob(sock)
+            sock.settimeout(None)
+        except (OSError, ConnectionError) as e:
+            log.warning("cni service: bad request: %s", e)
+            return
+        reply = self.server.call(env, stdin)
+        with contextlib.suppress(OSError):
+            sock.sendall(encode_reply(reply.code, reply.stdout, reply.stderr))
+
+
+class CniServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = False
+
+    def __init__(self, socket_path: str, plugin: Plugin) -> None:
+        self.socket_path = socket_path
+        self.plugin = plugin
+        os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)  # a socket left by a previous run
+        old = os.umask(0o177)
+        try:
+            super().__init__(socket_path, _Handler)
+        finally:
+            os.umask(old)
+
+    def call(self, env: dict, stdin: bytes):
+        return self.plugin.handle(env, stdin)
+
+    def server_close(self) -> None:
+        super().server_close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+
+class RunningService:
+    """A service running on a background thread; `stop()` closes the socket and the plugin."""
+
+    def __init__(self, server: CniServer) -> None:
+        self.server = server
+        self.thread = threading.Thread(target=server.serve_forever, name="railyard-cni",
+                                       kwargs={"poll_interval": 0.2}, daemon=True)
+        self.thread.start()
+
+    @property
+    def socket_path(self) -> str:
+        return self.server.socket_path
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+        self.server.plugin.close()
+
+
+def start(plugin: Plugin, socket_path: str = DEFAULT_SOCKET) -> RunningService:
+    """Serve on a background thread (the agent's in-process hook)."""
+    return RunningService(CniServer(socket_path, plugin))
+
+
+def serve(state_dir: str, socket_path: str = DEFAULT_SOCKET, *,
+          ready: Callable[[], None] | None = None, **settings) -> None:
+    """Serve until interrupted; `settings` go to `build_plugin`."""
+    plugin = build_plugin(state_dir, **settings)
+    server = CniServer(socket_path, plugin)
+    log.info("cni service: listening on %s (RDMA netns mode %s)", socket_path, plugin.rdma_mode)
+    if ready is not None:
+        ready()
+    try:
+        server.serve_forever(poll_interval=0.5)
+    finally:
+        server.server_close()
+        plugin.close()

@@ -1,0 +1,168 @@
+"""The `railyard-cni` executable: forwards one CNI call (env + stdin) to the warm CNI service.
+
+A runtime starts a CNI plugin for every call, so this file imports almost nothing (os, sys,
+socket; json only off the fast path) and starts with `python3 -IS` when installed by
+`railyard cni install`: the service, already warm, does the work (Multus "thick" mode's pattern).
+It must stay stdlib-only: an installed copy may run under the host's python3, outside any
+virtual environment. See docs/cni.md, "How the shim finds its interpreter".
+
+Wire (one call per connection, all lengths 4-byte big-endian):
+  request  = b"RYCNI1" + len(env) + env + len(stdin) + stdin,
+             env = b"KEY=VALUE\\0…" holding only the CNI_* variables;
+  reply    = exit code + len(stdout) + stdout + len(stderr) + stderr.
+"""
+
+import os
+import socket
+import sys
+
+MAGIC = b"RYCNI1"
+DEFAULT_SOCKET = "/run/railyard/cni.sock"
+SUPPORTED_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
+LATEST_VERSION = SUPPORTED_VERSIONS[-1]
+CONNECT_TIMEOUT_S = 2.0
+# ADD of eight VFs with IPAM takes well under a second; a hung service must not hang the runtime.
+CALL_TIMEOUT_S = 120.0
+CODE_DECODE, CODE_TRY_AGAIN = 6, 11
+_MAX_FRAME = 16 << 20
+
+
+def _u32(n: int) -> bytes:
+    return n.to_bytes(4, "big")
+
+
+def encode_request(env: dict, stdin: bytes) -> bytes:
+    """The request frame: only CNI_* variables travel (the service takes nothing else from env)."""
+    blob = b"".join(
+        f"{k}={v}".encode("utf-8", "surrogateescape") + b"\0"
+        for k, v in sorted(env.items()) if k.startswith("CNI_")
+    )
+    return MAGIC + _u32(len(blob)) + blob + _u32(len(stdin)) + stdin
+
+
+def decode_env(blob: bytes) -> dict:
+    env = {}
+    for item in blob.split(b"\0"):
+        if item:
+            k, _, v = item.partition(b"=")
+            env[k.decode("utf-8", "surrogateescape")] = v.decode("utf-8", "surrogateescape")
+    return env
+
+
+def recv_exact(sock, n: int) -> bytes:
+    chunks, got = [], 0
+    while got < n:
+        chunk = sock.recv(min(n - got, 1 << 20))
+        if not chunk:
+            raise ConnectionError("connection closed mid-frame")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def recv_blob(sock) -> bytes:
+    n = int.from_bytes(recv_exact(sock, 4), "big")
+    if n > _MAX_FRAME:
+        raise ConnectionError(f"frame of {n} bytes is larger than {_MAX_FRAME}")
+    return recv_exact(sock, n)
+
+
+def encode_reply(code: int, stdout: bytes, stderr: bytes) -> bytes:
+    return _u32(code) + _u32(len(stdout)) + stdout + _u32(len(stderr)) + stderr
+
+
+def error_json(code: int, msg: str, details: str = "", version: str = LATEST_VERSION) -> bytes:
+    import json  # off the fast path: only errors pay for it
+
+    return json.dumps({"cniVersion": version, "code": code, "msg": msg,
+                       "details": details}).encode() + b"\n"
+
+
+def _config(stdin: bytes):
+    """The network config, parsed only when a key the shim acts on may be in it."""
+    if b"agentSocket" not in stdin and b"standalone" not in stdin:
+        return {}
+    import json
+
+    try:
+        conf = json.loads(stdin)
+    except ValueError:
+        return None
+    return conf if isinstance(conf, dict) else None
+
+
+def call_service(path: str, env: dict, stdin: bytes) -> tuple[int, bytes, bytes]:
+    """One round trip; raises OSError/ConnectionError when the service cannot be reached."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        sock.connect(path)
+        sock.settimeout(CALL_TIMEOUT_S)
+        sock.sendall(encode_request(env, stdin))
+        code = int.from_bytes(recv_exact(sock, 4), "big")
+        return code, recv_blob(sock), recv_blob(sock)
+    finally:
+        sock.close()
+
+
+def _standalone(env: dict, stdin: bytes) -> tuple[int, bytes, bytes]:
+    # Installed with -S for speed: site-packages (where railyard lives) load only here.
+    if "site" not in sys.modules:
+        import site
+
+        site.main()
+    from railyard.cni.standalone import run
+
+    return run(env, stdin)
+
+
+def main() -> None:
+    stdin = sys.stdin.buffer.read()
+    env = dict(os.environ)
+    conf = _config(stdin)
+    if env.get("CNI_COMMAND") == "VERSION":
+        # VERSION needs no agent: answered here, so a runtime can probe a node early.
+        code, out, err = 0, _version_reply(stdin), b""
+    elif conf is None:
+        out = error_json(CODE_DECODE, "network config on stdin is not a JSON object")
+        code, err = 1, b""
+    elif conf.get("standalone") is True:
+        code, out, err = _standalone(env, stdin)
+    else:
+        path = conf.get("agentSocket") or DEFAULT_SOCKET
+        if not isinstance(path, str):
+            path = DEFAULT_SOCKET
+        try:
+            code, out, err = call_service(path, env, stdin)
+        except (OSError, ConnectionError) as e:
+            code, err = 1, b""
+            out = error_json(CODE_TRY_AGAIN, "railyard CNI service unreachable", f"{path}: {e}",
+                             _asked_version(stdin))
+    if err:
+        sys.stderr.buffer.write(err)
+        sys.stderr.flush()
+    sys.stdout.buffer.write(out)
+    sys.stdout.flush()
+    sys.exit(code)
+
+
+def _asked_version(stdin: bytes) -> str:
+    """The config's cniVersion when this plugin speaks it, else the latest (for replies)."""
+    import json
+
+    try:
+        asked = json.loads(stdin).get("cniVersion")
+    except (ValueError, AttributeError):
+        asked = None
+    return asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION
+
+
+def _version_reply(stdin: bytes) -> bytes:
+    import json
+
+    return json.dumps({"cniVersion": _asked_version(stdin),
+                       "supportedVersions": list(SUPPORTED_VERSIONS)}).encode() + b"\n"
+
+
+if __name__ == "__main__":
+    main()

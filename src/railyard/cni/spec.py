@@ -1,0 +1,482 @@
+"""CNI wire rules, pure: versions, error codes, the call's environment, CNI_ARGS, the network
+config Railyard reads, IPAM results, and our result in the shape of each version.
+
+No I/O here: the plugin validates a call once, at this boundary, and trusts the values after.
+Facts follow the CNI 1.1 specification (containernetworking/cni SPEC.md) and libcni's habits.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+from railyard.cni.shim import LATEST_VERSION, SUPPORTED_VERSIONS
+
+__all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
+
+COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
+VALID_ATTACHMENTS = "cni.dev/valid-attachments"
+
+
+class Code(IntEnum):
+    """Error codes: 1–99 from the spec, 100+ Railyard's own."""
+
+    INCOMPATIBLE_VERSION = 1
+    UNSUPPORTED_FIELD = 2
+    UNKNOWN_CONTAINER = 3
+    INVALID_ENV = 4
+    IO = 5
+    DECODE = 6
+    INVALID_CONFIG = 7
+    TRY_AGAIN = 11
+    NOT_AVAILABLE = 50
+    DEVICE_UNAVAILABLE = 100  # a granted device is not in the host netns, or in use elsewhere
+    NOT_CONFIRMED = 101  # kubelet's PodResources disagrees with the node state store
+    CHECK_FAILED = 102
+    ATTACHMENT_EXISTS = 103
+    MOVE_FAILED = 104  # netlink refused a move, rename or setting (rolled back)
+    IPAM_FAILED = 105  # the delegated IPAM plugin failed without a spec code of its own
+
+
+class CniError(Exception):
+    """A failure the runtime sees as the spec's JSON error (code, msg, details)."""
+
+    def __init__(self, code: int, msg: str, details: str = "") -> None:
+        super().__init__(msg)
+        self.code = int(code)
+        self.msg = msg
+        self.details = details
+
+    def to_json(self, version: str) -> dict[str, Any]:
+        return {"cniVersion": version, "code": self.code, "msg": self.msg,
+                "details": self.details}
+
+
+def version_key(v: str) -> tuple[int, ...]:
+    """Order semantic versions ("0.4.0" < "1.0.0"); ValueError on anything else."""
+    parts = v.split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"not a version: {v!r}")
+    return tuple(int(p) for p in parts)
+
+
+def newest_common(ours_max: str, theirs: list[str] | tuple[str, ...],
+                  floor: str = "0.1.0") -> str | None:
+    """The newest version in `theirs` that is ≤ `ours_max` and ≥ `floor` (IPAM negotiation)."""
+    best: tuple[tuple[int, ...], str] | None = None
+    hi, lo = version_key(ours_max), version_key(floor)
+    for v in theirs:
+        try:
+            k = version_key(v)
+        except ValueError:
+            continue
+        if lo <= k <= hi and (best is None or k > best[0]):
+            best = (k, v)
+    return best[1] if best else None
+
+
+# ----------------------------------------------------------------------- environment
+
+_IFNAME_BAD = re.compile(r"[/:\s%]")
+_CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def check_ifname(name: str, what: str = "CNI_IFNAME") -> str:
+    """Linux interface name rules (dev_valid_name): 1–15 bytes, no '/', ':' or space."""
+    if not name:
+        raise CniError(Code.INVALID_ENV, f"{what} is empty")
+    if len(name.encode()) > 15:
+        raise CniError(Code.INVALID_ENV, f"{what} {name!r} is longer than 15 bytes")
+    if name in (".", "..") or _IFNAME_BAD.search(name):
+        raise CniError(Code.INVALID_ENV, f"{what} {name!r} is not a valid interface name")
+    return name
+
+
+def pair_ifnames(ifname: str, count: int) -> tuple[str, ...]:
+    """Names in pair order: the first pair's NIC takes CNI_IFNAME, pair i takes `<ifname>-<i>`."""
+    names = tuple(ifname if i == 0 else f"{ifname}-{i}" for i in range(count))
+    for n in names[1:]:
+        if len(n.encode()) > 15:
+            raise CniError(Code.INVALID_ENV,
+                           f"CNI_IFNAME {ifname!r} is too long for {count} interfaces: "
+                           f"{n!r} exceeds 15 bytes")
+    return names
+
+
+@dataclass(frozen=True, slots=True)
+class PodArgs:
+    """The pod identity in CNI_ARGS (Kubernetes runtimes and Multus set these keys)."""
+
+    uid: str | None = None
+    namespace: str | None = None
+    name: str | None = None
+    infra_container_id: str | None = None
+
+
+_KNOWN_ARGS = {"IgnoreUnknown", "K8S_POD_UID", "K8S_POD_NAMESPACE", "K8S_POD_NAME",
+               "K8S_POD_INFRA_CONTAINER_ID"}
+
+
+def _parse_bool(key: str, text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true"):
+        return True
+    if low in ("0", "false"):
+        return False
+    raise CniError(Code.INVALID_ENV, f"CNI_ARGS {key}={text!r}: expected 1, true, 0 or false")
+
+
+def parse_cni_args(text: str) -> PodArgs:
+    """`K=V;K=V` in any order; a key may repeat (Multus thin mode) only with the same value.
+
+    Unknown keys are an error unless IgnoreUnknown is 1 or true, as libcni's skel does.
+    """
+    values: dict[str, str] = {}
+    ignore_unknown: bool | None = None
+    unknown: list[str] = []
+    for raw in text.split(";"):
+        if not raw:
+            continue
+        key, eq, value = raw.partition("=")
+        if not eq or not key:
+            raise CniError(Code.INVALID_ENV, f"CNI_ARGS: {raw!r} is not KEY=VALUE")
+        if key == "IgnoreUnknown":
+            b = _parse_bool(key, value)
+            if ignore_unknown is not None and b != ignore_unknown:
+                raise CniError(Code.INVALID_ENV, "CNI_ARGS: IgnoreUnknown given twice, differently")
+            ignore_unknown = b
+            continue
+        if key not in _KNOWN_ARGS:
+            unknown.append(key)
+            continue
+        if key in values and values[key] != value:
+            raise CniError(Code.INVALID_ENV,
+                           f"CNI_ARGS: {key} given twice with different values "
+                           f"({values[key]!r}, {value!r})")
+        values[key] = value
+    if unknown and not ignore_unknown:
+        raise CniError(Code.INVALID_ENV,
+                       f"CNI_ARGS: unknown key(s) {', '.join(sorted(set(unknown)))} "
+                       "(set IgnoreUnknown=1 to allow them)")
+    return PodArgs(values.get("K8S_POD_UID") or None, values.get("K8S_POD_NAMESPACE") or None,
+                   values.get("K8S_POD_NAME") or None,
+                   values.get("K8S_POD_INFRA_CONTAINER_ID") or None)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One plugin invocation's environment, validated for its command."""
+
+    command: str
+    container_id: str
+    netns: str
+    ifname: str
+    args: PodArgs
+    path: tuple[str, ...]
+    args_text: str = ""
+
+
+def parse_env(env: Mapping[str, str]) -> Call:
+    """Validate the CNI_* variables the command needs; INVALID_ENV names the variable."""
+    command = env.get("CNI_COMMAND", "")
+    if command not in COMMANDS:
+        raise CniError(Code.INVALID_ENV,
+                       f"CNI_COMMAND {command!r} is not one of {', '.join(COMMANDS)}")
+    container_id = env.get("CNI_CONTAINERID", "")
+    netns = env.get("CNI_NETNS", "")
+    ifname = env.get("CNI_IFNAME", "")
+    path = tuple(p for p in env.get("CNI_PATH", "").split(":") if p)
+    if command in ("ADD", "DEL", "CHECK"):
+        if not container_id:
+            raise CniError(Code.INVALID_ENV, "CNI_CONTAINERID is required")
+        if not _CONTAINER_ID.match(container_id):
+            raise CniError(Code.INVALID_ENV,
+                           f"CNI_CONTAINERID {container_id!r} has characters other than "
+                           "letters, digits, '_', '.' and '-'")
+        check_ifname(ifname)
+        if command != "DEL" and not netns:
+            raise CniError(Code.INVALID_ENV, f"CNI_NETNS is required for {command}")
+        if netns and not netns.startswith("/"):
+            raise CniError(Code.INVALID_ENV, f"CNI_NETNS {netns!r} is not an absolute path")
+    args_text = env.get("CNI_ARGS", "")
+    args = parse_cni_args(args_text) if command in ("ADD", "DEL", "CHECK") else PodArgs()
+    return Call(command, container_id, netns, ifname, args, path, args_text)
+
+
+# ----------------------------------------------------------------------- network config
+
+_NET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_PLUGIN_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+@dataclass(frozen=True, slots=True)
+class InterfaceConf:
+    """Per-interface settings, in pair order (`interfaces[i]` of the config)."""
+
+    mtu: int | None = None
+    mac: str | None = None
+    ipam: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Attachment:
+    container_id: str
+    ifname: str
+
+
+@dataclass(frozen=True, slots=True)
+class NetConf:
+    """The keys Railyard acts on; `raw` keeps everything (runtimes and Multus add their own)."""
+
+    version: str
+    name: str
+    type: str
+    raw: Mapping[str, Any] = field(repr=False)
+    ipam: Mapping[str, Any] | None = None
+    mtu: int | None = None
+    mac: str | None = None  # the first interface's MAC (config `mac`, or runtimeConfig.mac)
+    interfaces: tuple[InterfaceConf, ...] = ()
+    prev_result: Mapping[str, Any] | None = None
+    standalone: bool = False
+    state_dir: str | None = None
+    device_info_file: str | None = None  # runtimeConfig.CNIDeviceInfoFile (Multus)
+    valid_attachments: tuple[Attachment, ...] | None = None
+
+    def interface(self, i: int) -> InterfaceConf:
+        """Settings for pair i: its `interfaces[i]` entry over the top-level defaults."""
+        own = self.interfaces[i] if i < len(self.interfaces) else InterfaceConf()
+        mac = own.mac or (self.mac if i == 0 else None)
+        return InterfaceConf(own.mtu or self.mtu, mac, own.ipam or self.ipam)
+
+
+def _bad(msg: str) -> CniError:
+    return CniError(Code.INVALID_CONFIG, msg)
+
+
+def _mtu(v: Any, where: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not 68 <= v <= 65535:
+        raise _bad(f"{where}: expected an MTU between 68 and 65535, got {v!r}")
+    return v
+
+
+def _mac(v: Any, where: str) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or not _MAC.match(v):
+        raise _bad(f"{where}: expected a MAC address like 02:00:00:00:00:01, got {v!r}")
+    if int(v[:2], 16) & 1:
+        raise _bad(f"{where}: {v} is a multicast address")
+    return v.lower()
+
+
+def _ipam(v: Any, where: str) -> Mapping[str, Any] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise _bad(f"{where}: expected an object")
+    if not v:
+        return None  # `"ipam": {}` means no IPAM, as in the reference plugins
+    t = v.get("type")
+    if not isinstance(t, str) or not _PLUGIN_TYPE.match(t):
+        raise _bad(f"{where}.type: expected a plugin name (letters, digits, '_', '.', '-'), "
+                   f"got {t!r}")
+    return v
+
+
+def _opt_str(d: Mapping[str, Any], key: str, where: str = "") -> str | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad(f"{where}{key}: expected a string, got {type(v).__name__}")
+    return v
+
+
+def parse_netconf(data: Mapping[str, Any]) -> NetConf:
+    """Validate the decoded config; INCOMPATIBLE_VERSION, or INVALID_CONFIG naming the key."""
+    version = data.get("cniVersion")
+    if not isinstance(version, str):
+        raise CniError(Code.INCOMPATIBLE_VERSION,
+                       "cniVersion: missing (this plugin speaks "
+                       f"{', '.join(SUPPORTED_VERSIONS)})")
+    if version not in SUPPORTED_VERSIONS:
+        raise CniError(Code.INCOMPATIBLE_VERSION,
+                       f"cniVersion {version!r} is not supported",
+                       f"supported: {', '.join(SUPPORTED_VERSIONS)}")
+    name = data.get("name")
+    if not isinstance(name, str) or not _NET_NAME.match(name):
+        raise _bad(f"name: expected a network name (letters, digits, '_', '.', '-'), got {name!r}")
+    ptype = data.get("type")
+    if not isinstance(ptype, str) or not ptype:
+        raise _bad(f"type: expected the plugin's name, got {ptype!r}")
+    ipam = _ipam(data.get("ipam"), "ipam")
+    runtime = data.get("runtimeConfig") or {}
+    if not isinstance(runtime, dict):
+        raise _bad("runtimeConfig: expected an object")
+    mac = _mac(runtime.get("mac"), "runtimeConfig.mac") or _mac(data.get("mac"), "mac")
+    interfaces = []
+    raw_ifs = data.get("interfaces") or []
+    if not isinstance(raw_ifs, list):
+        raise _bad("interfaces: expected a list (one object per pair, in pair order)")
+    for i, item in enumerate(raw_ifs):
+        where = f"interfaces[{i}]"
+        if not isinstance(item, dict):
+            raise _bad(f"{where}: expected an object")
+        interfaces.append(InterfaceConf(_mtu(item.get("mtu"), f"{where}.mtu"),
+                                        _mac(item.get("mac"), f"{where}.mac"),
+                                        _ipam(item.get("ipam"), f"{where}.ipam")))
+    prev = data.get("prevResult")
+    if prev is not None:
+        if not isinstance(prev, dict):
+            raise _bad("prevResult: expected an object")
+        for key in ("interfaces", "ips", "routes"):
+            if prev.get(key) is not None and not isinstance(prev[key], list):
+                raise _bad(f"prevResult.{key}: expected a list")
+    standalone = data.get("standalone", False)
+    if not isinstance(standalone, bool):
+        raise _bad("standalone: expected true or false")
+    state_dir = _opt_str(data, "stateDir")
+    if state_dir is not None and not state_dir.startswith("/"):
+        raise _bad(f"stateDir: expected an absolute path, got {state_dir!r}")
+    if standalone and not state_dir:
+        raise _bad("stateDir: required with \"standalone\": true")
+    for key in ("agentSocket",):
+        v = _opt_str(data, key)
+        if v is not None and not v.startswith("/"):
+            raise _bad(f"{key}: expected an absolute path, got {v!r}")
+    valid = None
+    if VALID_ATTACHMENTS in data:
+        valid = _attachments(data[VALID_ATTACHMENTS])
+    return NetConf(
+        version=version, name=name, type=ptype, raw=data, ipam=ipam,
+        mtu=_mtu(data.get("mtu"), "mtu"), mac=mac, interfaces=tuple(interfaces),
+        prev_result=prev, standalone=standalone, state_dir=state_dir,
+        device_info_file=_opt_str(runtime, "CNIDeviceInfoFile", "runtimeConfig."),
+        valid_attachments=valid,
+    )
+
+
+def _attachments(v: Any) -> tuple[Attachment, ...]:
+    where = VALID_ATTACHMENTS
+    if not isinstance(v, list):
+        raise _bad(f"{where}: expected a list of {{containerID, ifname}}")
+    out = []
+    for i, a in enumerate(v):
+        if not isinstance(a, dict):
+            raise _bad(f"{where}[{i}]: expected an object")
+        cid, ifn = a.get("containerID"), a.get("ifname")
+        if not isinstance(cid, str) or not isinstance(ifn, str):
+            raise _bad(f"{where}[{i}]: containerID and ifname must be strings")
+        out.append(Attachment(cid, ifn))
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, slots=True)
+class IpamResult:
+    """What an IPAM plugin answered: addresses (CIDR) with gateways, routes, DNS."""
+
+    ips: tuple[tuple[str, str | None], ...]
+    routes: tuple[Mapping[str, Any], ...] = ()
+    dns: Mapping[str, Any] | None = None
+
+
+def parse_ipam_result(data: Any, plugin: str) -> IpamResult:
+    """Accept 0.3.x–1.1.0 result shapes; errors name the plugin and the field."""
+    where = f"IPAM plugin {plugin} result"
+    if not isinstance(data, dict):
+        raise CniError(Code.DECODE, f"{where}: expected an object")
+    ips = []
+    for i, ip in enumerate(data.get("ips") or []):
+        if not isinstance(ip, dict) or not isinstance(ip.get("address"), str):
+            raise CniError(Code.DECODE, f"{where}: ips[{i}].address missing")
+        try:
+            ipaddress.ip_interface(ip["address"])
+            gw = ip.get("gateway")
+            if gw is not None:
+                ipaddress.ip_address(gw)
+        except ValueError as e:
+            raise CniError(Code.DECODE, f"{where}: ips[{i}]: {e}") from None
+        ips.append((ip["address"], gw))
+    routes = []
+    for i, r in enumerate(data.get("routes") or []):
+        if not isinstance(r, dict) or not isinstance(r.get("dst"), str):
+            raise CniError(Code.DECODE, f"{where}: routes[{i}].dst missing")
+        try:
+            ipaddress.ip_network(r["dst"], strict=False)
+            if r.get("gw") is not None:
+                ipaddress.ip_address(r["gw"])
+        except ValueError as e:
+            raise CniError(Code.DECODE, f"{where}: routes[{i}]: {e}") from None
+        routes.append(r)
+    dns = data.get("dns")
+    return IpamResult(tuple(ips), tuple(routes), dns if isinstance(dns, dict) else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultInterface:
+    name: str
+    mac: str
+    sandbox: str
+    mtu: int | None = None
+    pci_id: str | None = None
+
+
+def build_result(version: str, prev: Mapping[str, Any] | None,
+                 interfaces: list[ResultInterface], ipams: list[IpamResult | None]) -> dict:
+    """The ADD result: `prevResult` passed through with our interfaces and IPs appended.
+
+    Shaped for `version`: 0.4.0 IPs carry `version`; `mtu`, `pciID` appear from 1.1.0 on
+    (libcni 1.1 drops them and refuses a 1.1.0 result, so older configs never see them).
+    """
+    out: dict[str, Any] = dict(prev or {})
+    out["cniVersion"] = version
+    ifaces = [dict(i) for i in out.get("interfaces") or []]
+    ips = [dict(i) for i in out.get("ips") or []]
+    routes = [dict(r) for r in out.get("routes") or []]
+    v11 = version_key(version) >= (1, 1, 0)
+    for iface, ipam in zip(interfaces, ipams, strict=True):
+        entry: dict[str, Any] = {"name": iface.name, "mac": iface.mac, "sandbox": iface.sandbox}
+        if v11:
+            if iface.mtu is not None:
+                entry["mtu"] = iface.mtu
+            if iface.pci_id:
+                entry["pciID"] = iface.pci_id
+        index = len(ifaces)
+        ifaces.append(entry)
+        if ipam is None:
+            continue
+        for address, gateway in ipam.ips:
+            ip: dict[str, Any] = {"address": address, "interface": index}
+            if gateway:
+                ip["gateway"] = gateway
+            ips.append(ip)
+        routes.extend(dict(r) for r in ipam.routes)
+        if ipam.dns and not out.get("dns"):
+            out["dns"] = dict(ipam.dns)
+    for ip in ips:
+        if version == "0.4.0":
+            ip.setdefault("version",
+                          "6" if ipaddress.ip_interface(ip["address"]).version == 6 else "4")
+        else:
+            ip.pop("version", None)
+    if not v11:
+        for entry in ifaces:
+            for key in ("mtu", "pciID", "socketPath"):
+                entry.pop(key, None)
+    out["interfaces"] = ifaces
+    out["ips"] = ips
+    if routes:
+        out["routes"] = routes
+    else:
+        out.pop("routes", None)
+    return out

@@ -1,0 +1,59 @@
+"""Standalone mode: the shim does the work itself, in its own process, with no agent.
+
+Chosen by `"standalone": true` and a `stateDir` (the node state store) in the network config;
+for tests and small installs. Node-side settings come from the plugin's environment, which
+the runtime's owner sets and a network-config author cannot:
+`RAILYARD_CNI_SYSFS_ROOT` (default /), `RAILYARD_CNI_HOST_NETNS` (default: our own netns),
+`RAILYARD_CNI_DEVINFO_DIR` (default Multus's), `RAILYARD_CNI_POD_RESOURCES` (kubelet's socket;
+empty: do not ask kubelet).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from railyard.agent.state import StateError
+from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET
+from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin
+from railyard.cni.spec import LATEST_VERSION, SUPPORTED_VERSIONS, CniError, Code, parse_netconf
+
+
+def plugin_from_env(state_dir: str, env: Mapping[str, str]) -> Plugin:
+    from railyard.cni.service import build_plugin
+
+    return build_plugin(
+        state_dir,
+        sysfs_root=env.get("RAILYARD_CNI_SYSFS_ROOT") or "/",
+        host_netns=env.get("RAILYARD_CNI_HOST_NETNS") or None,
+        device_info_dir=env.get("RAILYARD_CNI_DEVINFO_DIR") or DEFAULT_DEVICE_INFO_DIR,
+        pod_resources_socket=env.get("RAILYARD_CNI_POD_RESOURCES",
+                                     DEFAULT_POD_RESOURCES_SOCKET) or None,
+    )
+
+
+def run(env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes, bytes]:
+    """One call, in process: (exit code, stdout, stderr)."""
+    version = LATEST_VERSION
+    try:
+        try:
+            data = json.loads(stdin)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CniError(Code.DECODE, f"network config on stdin is not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise CniError(Code.DECODE, "network config on stdin is not a JSON object")
+        if data.get("cniVersion") in SUPPORTED_VERSIONS:
+            version = data["cniVersion"]
+        conf = parse_netconf(data)
+        assert conf.state_dir is not None  # parse_netconf requires it with standalone
+        try:
+            plugin = plugin_from_env(conf.state_dir, env)
+        except StateError as e:
+            raise CniError(Code.IO, f"stateDir: {e}") from None
+    except CniError as e:
+        return 1, (json.dumps(e.to_json(version)) + "\n").encode(), b""
+    try:
+        reply = plugin.handle(env, stdin)
+    finally:
+        plugin.close()
+    return reply.code, reply.stdout, reply.stderr
