@@ -16,7 +16,8 @@ API (all methods are synchronous and fast; call them from asyncio code directly)
   consumed and the pod's sections are kept when the UID is the same.
 - `.get(uid) -> PodRecord | None`, `.find(namespace, name) -> PodRecord | None`, `.all()`.
 - `.mark_consumed(uid, container, resource, device_ids)` — kubelet allocated these IDs of
-  `resource` to `container`; `PodRecord.consumed_ids(resource)` answers what is consumed.
+  `resource` to `container`; `PodRecord.consumed_ids(resource)` answers what is consumed;
+  `.clear_consumed(uid, container, resource)` forgets a note made for the wrong pod.
 - `.remove(uid) -> bool`.
 - `.granted_nics(uid) -> tuple[NicRef, ...]` — the pod's NICs in pair order (paired NICs
   first, then unpaired): exactly what the CNI may move into the pod; empty for an unknown pod.
@@ -296,6 +297,19 @@ class StateStore:
                          if not (c.container == container and c.resource == resource))
             r = replace(r, consumed=(*kept, Consumed(container, resource, tuple(device_ids))))
             self._write(r)
+            return r
+
+    def clear_consumed(self, uid: str, container: str, resource: str) -> PodRecord | None:
+        """Forget a consumption note (it was attributed to the wrong pod); None: no record."""
+        with self.locked():
+            r = self._read(self._path(uid))
+            if r is None:
+                return None
+            kept = tuple(c for c in r.consumed
+                         if not (c.container == container and c.resource == resource))
+            if kept != r.consumed:
+                r = replace(r, consumed=kept)
+                self._write(r)
             return r
 
     def put_section(self, uid: str, name: str, value: Any) -> PodRecord:

@@ -1,0 +1,283 @@
+"""The node agent: discovery, the device plugins, health, the state store and the CNI hook.
+
+`Agent.start()` discovers the node, serves one plugin per enabled resource and registers it,
+watches kubelet's socket folder (a kubelet restart deletes our sockets: serve and register
+again at once), re-scans device health every `healthIntervalS`, checks each admission
+against PodResources, and forgets records of pods that are gone. Tests drive it directly;
+`railyard agent` runs it until SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from railyard.agent.config import AgentConfig
+from railyard.agent.pods import PodSource
+from railyard.agent.state import StateStore
+from railyard.kubelet.admission import Admission
+from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
+from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
+from railyard.kubelet.podresources import PodResourcesClient
+from railyard.kubelet.pods import PodView
+from railyard.kubelet.resolver import Kind
+from railyard.kubelet.response import ContainerGrant
+from railyard.kubelet.watch import FolderWatch
+from railyard.topology.model import NodeTopology
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.5  # Register retry while kubelet.sock is missing
+SOCKET_POLL_S = 2.0  # safety net behind inotify
+GC_INTERVAL_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    node_name: str
+    sysfs_root: str = "/"
+    kubelet_dir: str = "/var/lib/kubelet"
+    state_dir: str = "/var/lib/railyard"
+    cni_socket: str | None = None
+
+
+class Agent:
+    def __init__(self, options: AgentOptions, pods: PodSource, config: AgentConfig | None = None,
+                 topology: NodeTopology | None = None) -> None:
+        self.options = options
+        self.config = config or AgentConfig()
+        self.pods = pods
+        self._topology = topology
+        self.paths = KubeletPaths(options.kubelet_dir)
+        self.probe = SysfsProbe(options.sysfs_root)
+        self.store = StateStore(options.state_dir, node=options.node_name)
+        self.lists: dict[Kind, DeviceList] = {}
+        self.endpoints: dict[Kind, PluginEndpoint] = {}
+        self.admission: Admission | None = None
+        self.podresources = PodResourcesClient(self.paths.pod_resources_socket)
+        self._tasks: list[asyncio.Task] = []
+        self._watches: list[FolderWatch] = []
+        self._sync_task: asyncio.Task | None = None
+        self._verify_task: asyncio.Task | None = None
+        self._kubelet_back = False
+        self._cni: object | None = None
+        self.unhealthy: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ start / stop
+
+    @property
+    def topology(self) -> NodeTopology:
+        assert self._topology is not None, "start() first"
+        return self._topology
+
+    def _discover(self) -> NodeTopology:
+        if self._topology is None:
+            from railyard.discovery.discover import discover
+
+            found = discover(self.options.sysfs_root)
+            for w in found.warnings:
+                log.warning("discovery: %s", w)
+            self._topology = found.topology
+        return replace(self._topology, node=self.options.node_name)
+
+    def _inventory(self) -> dict[Kind, tuple[PluginDevice, ...]]:
+        cfg = self.config
+        routed = self.probe.routed_netdevs()
+        facts = self.probe.facts(self.topology)
+        wanted: list[tuple[Kind, bool, tuple]] = [
+            ("gpu", cfg.gpu_plugin, ()), ("vf", cfg.vf_plugin, cfg.vf_pool),
+            ("pf", cfg.pf_plugin, cfg.pf_pool)]
+        return {kind: offered_devices(self.topology, kind, pool=pool, facts=facts, routed=routed)
+                for kind, on, pool in wanted if on}
+
+    async def start(self) -> None:
+        self._topology = self._discover()
+        names = self.config.resources
+        for kind, devices in self._inventory().items():
+            self.lists[kind] = DeviceList(devices)
+        self.admission = Admission(self.topology, self.store, self.pods, names,
+                                   offered=self._healthy_offered,
+                                   on_allocated=self._after_allocate)
+        await self._scan_health()
+        resource = {"gpu": names.gpu, "vf": names.vf, "pf": names.pf}
+        for kind, devices in self.lists.items():
+            self.endpoints[kind] = PluginEndpoint(resource[kind], devices, self.admission,
+                                                  self.paths)
+            log.info("%s: %d devices offered", resource[kind], len(devices.devices))
+        watched = {ep.folder for ep in self.endpoints.values()}
+        if not self.paths.watcher_mode:
+            watched.add(self.paths.device_plugins)
+        for folder in sorted(watched):
+            os.makedirs(folder, exist_ok=True)
+            w = FolderWatch(folder, self._on_folder_change)
+            w.start()
+            self._watches.append(w)
+        await self._sync()
+        self._tasks += [
+            asyncio.create_task(self._health_loop(), name="health"),
+            asyncio.create_task(self._socket_poll(), name="socket-poll"),
+            asyncio.create_task(self._gc_loop(), name="gc"),
+        ]
+        await self._start_cni()
+
+    async def stop(self) -> None:
+        for w in self._watches:
+            w.stop()
+        for t in [*self._tasks, self._sync_task, self._verify_task]:
+            if t is not None:
+                t.cancel()
+        for t in [*self._tasks, self._sync_task, self._verify_task]:
+            if t is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+        for ep in self.endpoints.values():
+            await ep.stop()
+        if self._cni is not None:
+            stop = getattr(self._cni, "stop", None) or getattr(self._cni, "close", None)
+            if stop is not None:
+                result = stop()
+                if inspect.isawaitable(result):
+                    await result
+
+    async def _start_cni(self) -> None:
+        """The CNI colleague's hook: `railyard.cni.service.serve(store, topology, socket_path)`
+        may return a value or an awaitable; whatever it gives is stopped (`stop`/`close`) with
+        the agent."""
+        path = self.options.cni_socket
+        if not path:
+            return
+        try:
+            from railyard.cni import service as cni_service  # type: ignore[attr-defined]
+        except ImportError:
+            log.warning("--cni-socket %s given but railyard.cni.service is not available", path)
+            return
+        result = cni_service.serve(self.store, self.topology, path)
+        self._cni = await result if inspect.isawaitable(result) else result
+        log.info("CNI service on %s", path)
+
+    # ------------------------------------------------------------------ registration
+
+    def _on_folder_change(self, names: set[str]) -> None:
+        ours = {os.path.basename(ep.socket_path) for ep in self.endpoints.values()}
+        if KUBELET_SOCKET in names and os.path.exists(self.paths.kubelet_socket):
+            self._kubelet_back = True
+        if names & (ours | {KUBELET_SOCKET, ""}):
+            self._kick()
+
+    def _kick(self) -> None:
+        if self._sync_task is None or self._sync_task.done():
+            self._sync_task = asyncio.create_task(self._sync())
+
+    async def _sync(self) -> None:
+        """Serve every plugin whose socket is gone and register until kubelet accepts."""
+        while True:
+            back, self._kubelet_back = self._kubelet_back, False
+            done = [await ep.ensure(register_again=back) for ep in self.endpoints.values()]
+            if all(done) and not self._kubelet_back:
+                return
+            await asyncio.sleep(RETRY_S)
+
+    async def _socket_poll(self) -> None:
+        while True:
+            await asyncio.sleep(SOCKET_POLL_S)
+            if any(not os.path.exists(ep.socket_path) for ep in self.endpoints.values()):
+                self._kick()
+
+    # ------------------------------------------------------------------ health
+
+    def _healthy_offered(self, kind: Kind) -> frozenset[str]:
+        dl = self.lists.get(kind)
+        if dl is None:
+            return frozenset()
+        return dl.ids() - dl.unhealthy
+
+    async def _scan_health(self) -> None:
+        bad = await asyncio.to_thread(self.probe.unhealthy, self.topology)
+        for dev, why in bad.items():
+            if self.unhealthy.get(dev) != why:
+                log.warning("unhealthy: %s: %s", dev, why)
+        for dev in self.unhealthy.keys() - bad.keys():
+            log.info("healthy again: %s", dev)
+        self.unhealthy = bad
+        for dl in self.lists.values():
+            await dl.update(unhealthy=frozenset(bad))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval_s)
+            try:
+                await self._scan_health()
+            except Exception:
+                log.exception("health scan failed")
+
+    # ------------------------------------------------------------------ after Allocate
+
+    def _after_allocate(self, pod: PodView, grant: ContainerGrant) -> None:
+        folder = Path(self.config.devinfo_dir)
+        for name, body in grant.devinfo.items():
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+                tmp = folder / f".{name}.tmp"
+                tmp.write_text(body)
+                os.replace(tmp, folder / name)
+            except OSError as e:
+                log.warning("device-info file %s: %s", folder / name, e.strerror or e)
+        if self._verify_task is None or self._verify_task.done():
+            self._verify_task = asyncio.get_running_loop().create_task(self._verify_later())
+
+    async def _verify_later(self) -> None:
+        await asyncio.sleep(self.config.verify_delay_s)
+        await self.verify()
+
+    async def verify(self) -> list[str]:
+        """Compare the store with PodResources now; the warnings it logged."""
+        assert self.admission is not None
+        try:
+            assigned = await self.podresources.list()
+        except Exception as e:  # kubelet without the socket, or restarting
+            log.info("PodResources unavailable (%s); not verified", e)
+            return []
+        return self.admission.check(assigned)
+
+    # ------------------------------------------------------------------ forgetting
+
+    def gc(self) -> list[str]:
+        """Drop records of pods that are gone (kept while the CNI still holds a section)."""
+        if not self.pods.loaded:
+            return []
+        live = {p.uid for p in self.pods.pods()}
+        removed = []
+        names = self.config.resources
+        for r in self.store.all():
+            if r.uid in live or r.sections:
+                continue
+            self.store.remove(r.uid)
+            removed.append(r.uid)
+            for n in r.allocation.all_nics:
+                resource = names.vf if n.kind == "vf" else names.pf
+                name = f"{resource.replace('/', '-')}-{n.pci_address}-device.json"
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(self.config.devinfo_dir, name))
+            log.info("forgot %s: the pod is gone", r.pod)
+        return removed
+
+    async def _gc_loop(self) -> None:
+        while True:
+            await asyncio.sleep(GC_INTERVAL_S)
+            try:
+                self.gc()
+            except Exception:
+                log.exception("state store clean-up failed")
+
+
+async def run_until_stopped(agent: Agent, stop: asyncio.Event) -> None:
+    await agent.start()
+    try:
+        await stop.wait()
+    finally:
+        await agent.stop()

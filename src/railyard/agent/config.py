@@ -1,0 +1,248 @@
+"""The agent's config file: resource names, which plugins run, and pool selectors.
+
+Selectors use sriov-network-device-plugin's vocabulary (`vendors`, `devices`, `drivers`,
+`pfNames`, `linkTypes`) so operators can carry their rules over. A device is offered when it
+matches any selector of its pool; within a selector every given field must match, and a
+field matches when any of its values does. No selectors: every RDMA device is offered.
+
+Example (JSON or YAML):
+
+    resources: {vf: railyard.dev/vf, pf: railyard.dev/pf, gpu: nvidia.com/gpu}
+    gpuPlugin: true
+    pools:
+      vf: [{vendors: ["15b3"], drivers: ["mlx5_core"], pfNames: ["ibp24s0#0-3", "ibp64s0"]}]
+      pf: [{linkTypes: ["infiniband"]}]
+    devinfoDir: /var/run/k8s.cni.cncf.io/devinfo/dp
+    healthIntervalS: 1
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
+
+DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/dp"
+
+# sriov-dp link type names, and the sysfs link_layer values they stand for.
+_LINK_TYPES = {"ether": "Ethernet", "ethernet": "Ethernet", "eth": "Ethernet",
+               "infiniband": "InfiniBand", "ib": "InfiniBand"}
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFacts:
+    """What a selector can look at for one PCI function (a VF or a PF)."""
+
+    pci_address: str
+    vendor: str | None  # "15b3", no 0x
+    device: str | None  # "101e"
+    driver: str | None
+    pf_netdev: str | None  # the PF's netdev (the PF's own for a PF)
+    vf_index: int | None  # None for a PF
+    link_type: str | None  # sysfs link_layer: "InfiniBand" | "Ethernet"
+
+
+@dataclass(frozen=True, slots=True)
+class PfName:
+    """`ibp24s0` (every VF) or `ibp24s0#0-3` (VFs 0 to 3, sriov-dp's range form)."""
+
+    name: str
+    first_vf: int | None = None
+    last_vf: int | None = None
+
+    def matches(self, facts: DeviceFacts) -> bool:
+        if facts.pf_netdev != self.name:
+            return False
+        if self.first_vf is None or facts.vf_index is None:
+            return True
+        return self.first_vf <= facts.vf_index <= (self.last_vf or self.first_vf)
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    vendors: frozenset[str] = frozenset()
+    devices: frozenset[str] = frozenset()
+    drivers: frozenset[str] = frozenset()
+    pf_names: tuple[PfName, ...] = ()
+    link_types: frozenset[str] = frozenset()  # sysfs link_layer values
+
+    def matches(self, facts: DeviceFacts) -> bool:
+        if self.vendors and facts.vendor not in self.vendors:
+            return False
+        if self.devices and facts.device not in self.devices:
+            return False
+        if self.drivers and facts.driver not in self.drivers:
+            return False
+        if self.pf_names and not any(p.matches(facts) for p in self.pf_names):
+            return False
+        return not (self.link_types and facts.link_type not in self.link_types)
+
+
+def offered(selectors: tuple[Selector, ...], facts: DeviceFacts) -> bool:
+    """No selectors offer everything; otherwise any one matching selector does."""
+    return not selectors or any(s.matches(facts) for s in selectors)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    resources: ResourceNames = DEFAULT_RESOURCES
+    gpu_plugin: bool = True
+    vf_plugin: bool = True
+    pf_plugin: bool = True
+    vf_pool: tuple[Selector, ...] = ()
+    pf_pool: tuple[Selector, ...] = ()
+    devinfo_dir: str = DEFAULT_DEVINFO_DIR
+    health_interval_s: float = 1.0
+    verify_delay_s: float = 1.0  # PodResources check after an Allocate
+
+
+# ----------------------------------------------------------------------- parsing
+
+
+def _hex_ids(v: Any, where: str) -> frozenset[str]:
+    out = set()
+    for i, x in enumerate(_strings(v, where)):
+        s = x.lower().removeprefix("0x")
+        if not s or len(s) > 4 or any(c not in "0123456789abcdef" for c in s):
+            raise ConfigError(f"{where}[{i}]: expected a 4-digit hex PCI id, got {x!r}")
+        out.add(s.rjust(4, "0"))
+    return frozenset(out)
+
+
+def _strings(v: Any, where: str) -> list[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ConfigError(f"{where}: expected a list of strings")
+    return v
+
+
+def _pf_name(text: str, where: str) -> PfName:
+    name, sep, rng = text.partition("#")
+    if not name:
+        raise ConfigError(f"{where}: empty PF name")
+    if not sep:
+        return PfName(name)
+    lo, dash, hi = rng.partition("-")
+    try:
+        first = int(lo)
+        last = int(hi) if dash else first
+    except ValueError:
+        raise ConfigError(f"{where}: VF range must be N or N-M, got {rng!r}") from None
+    if first < 0 or last < first:
+        raise ConfigError(f"{where}: VF range {rng!r} is empty or negative")
+    return PfName(name, first, last)
+
+
+def parse_selector(v: Any, where: str) -> Selector:
+    if not isinstance(v, dict):
+        raise ConfigError(f"{where}: expected an object")
+    known = {"vendors", "devices", "drivers", "pfNames", "linkTypes"}
+    unknown = sorted(set(v) - known)
+    if unknown:
+        raise ConfigError(
+            f"{where}.{unknown[0]}: unknown selector (known: {', '.join(sorted(known))})")
+    links = set()
+    for i, t in enumerate(_strings(v.get("linkTypes", []), f"{where}.linkTypes")):
+        if t.lower() not in _LINK_TYPES:
+            raise ConfigError(f"{where}.linkTypes[{i}]: expected ether or infiniband, got {t!r}")
+        links.add(_LINK_TYPES[t.lower()])
+    return Selector(
+        vendors=_hex_ids(v.get("vendors", []), f"{where}.vendors"),
+        devices=_hex_ids(v.get("devices", []), f"{where}.devices"),
+        drivers=frozenset(_strings(v.get("drivers", []), f"{where}.drivers")),
+        pf_names=tuple(_pf_name(p, f"{where}.pfNames[{i}]")
+                       for i, p in enumerate(_strings(v.get("pfNames", []), f"{where}.pfNames"))),
+        link_types=frozenset(links),
+    )
+
+
+def _bool(d: dict, key: str, default: bool) -> bool:
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key}: expected true or false")
+    return v
+
+
+def _seconds(d: dict, key: str, default: float) -> float:
+    v = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
+        raise ConfigError(f"{key}: expected seconds, 0 < s ≤ 3600")
+    return float(v)
+
+
+def config_from_dict(d: Any) -> AgentConfig:
+    if d is None:
+        return AgentConfig()
+    if not isinstance(d, dict):
+        raise ConfigError("config: expected an object at the top level")
+    known = {"resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "devinfoDir",
+             "healthIntervalS", "verifyDelayS"}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    res = d.get("resources", {})
+    if not isinstance(res, dict) or set(res) - {"gpu", "vf", "pf"}:
+        raise ConfigError("resources: expected an object with keys gpu, vf, pf")
+    names = {}
+    for k, v in res.items():
+        if not isinstance(v, str) or "/" not in v or v.startswith("/") or v.endswith("/"):
+            raise ConfigError(f"resources.{k}: expected an extended resource name "
+                              f"(domain/name), got {v!r}")
+        names[k] = v
+    resources = ResourceNames(**names)
+    if len(set(resources.managed)) != 3:
+        raise ConfigError("resources: the three resource names must differ")
+    pools = d.get("pools", {})
+    if not isinstance(pools, dict) or set(pools) - {"vf", "pf"}:
+        raise ConfigError("pools: expected an object with keys vf, pf")
+
+    def pool(kind: str) -> tuple[Selector, ...]:
+        raw = pools.get(kind, [])
+        if not isinstance(raw, list):
+            raise ConfigError(f"pools.{kind}: expected a list of selectors")
+        return tuple(parse_selector(s, f"pools.{kind}[{i}]") for i, s in enumerate(raw))
+
+    devinfo = d.get("devinfoDir", DEFAULT_DEVINFO_DIR)
+    if not isinstance(devinfo, str) or not devinfo:
+        raise ConfigError("devinfoDir: expected a folder path")
+    return AgentConfig(
+        resources=resources,
+        gpu_plugin=_bool(d, "gpuPlugin", True),
+        vf_plugin=_bool(d, "vfPlugin", True),
+        pf_plugin=_bool(d, "pfPlugin", True),
+        vf_pool=pool("vf"),
+        pf_pool=pool("pf"),
+        devinfo_dir=devinfo,
+        health_interval_s=_seconds(d, "healthIntervalS", 1.0),
+        verify_delay_s=_seconds(d, "verifyDelayS", 1.0),
+    )
+
+
+def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
+    """Read a JSON or YAML config file; ConfigError naming the file and field."""
+    if path is None:
+        return AgentConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        import yaml  # YAML is a superset; try it only when JSON fails
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: neither JSON nor YAML: {e}") from None
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

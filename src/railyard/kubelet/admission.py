@@ -1,0 +1,362 @@
+"""Admission on the node: steer kubelet to the recorded devices, then remember what it gave.
+
+Every plugin (GPU, VF, PF) calls into one `Admission`, which is how the GPU and the VF plugin
+reach the same pod and the same record whatever order kubelet calls them in: the record lives
+in the state store, and consumption is noted per (pod, container, resource) as it happens.
+
+- `preferred`: the recorded IDs when kubelet offers them all, else the best local choice.
+  A pod without a record (it bypassed the scheduler) gets a node-made plan, recorded first.
+- `allocate`: only the IDs kubelet passed; where they differ from the record, the record is
+  rebuilt around them (`decidedBy: node`) and a warning is logged.
+- `check`: PodResources' account of what kubelet really assigned is the final word.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from railyard.agent.pods import PodSource
+from railyard.agent.state import PodKey, PodRecord, StateStore
+from railyard.allocation.ledger import Ledger, LedgerConflict
+from railyard.allocation.names import ResourceNames
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation, GpuRef, NicRef
+from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
+from railyard.kubelet.podresources import AssignedPod
+from railyard.kubelet.pods import PodView
+from railyard.kubelet.resolver import Candidate, Kind, candidates, ids_of, kind_of, match_allocate
+from railyard.kubelet.response import (
+    PAIRS_ENV,
+    ContainerGrant,
+    gpu_grant,
+    in_pair_order,
+    nic_grant,
+    pairs_json,
+)
+from railyard.topology.model import NodeTopology
+
+log = logging.getLogger(__name__)
+
+KINDS: tuple[Kind, ...] = ("gpu", "vf", "pf")
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _load_allocator():
+    """The joint allocator, when it is installed (it is optional for the node's fallback)."""
+    try:
+        from railyard.allocation.allocator import Allocator
+    except ImportError:
+        return None
+    return Allocator()
+
+
+class Admission:
+    def __init__(self, topology: NodeTopology, store: StateStore, pods: PodSource,
+                 names: ResourceNames, *,
+                 offered: Callable[[Kind], frozenset[str]] | None = None,
+                 allocator: object | None = None,
+                 clock: Callable[[], str] = utc_now,
+                 on_allocated: Callable[[PodView, ContainerGrant], None] | None = None) -> None:
+        self.topology = topology
+        self.node = topology.node
+        self.store = store
+        self.pods = pods
+        self.names = names
+        self.index = DeviceIndex(topology)
+        self._offered = offered
+        self.allocator = allocator if allocator is not None else _load_allocator()
+        self.clock = clock
+        self.on_allocated = on_allocated
+        # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
+        self._hint: dict[str, tuple[str, str, frozenset[str]]] = {}
+
+    # ------------------------------------------------------------------ helpers
+
+    def resource_of(self, kind: Kind) -> str:
+        return {"gpu": self.names.gpu, "vf": self.names.vf, "pf": self.names.pf}[kind]
+
+    def offered(self, kind: Kind) -> frozenset[str]:
+        if self._offered is not None:
+            return self._offered(kind)
+        if kind == "gpu":
+            return frozenset(g.device_id for g in self.topology.gpus)
+        return frozenset(i for i, n in self.index.nics.items() if n.kind == kind)
+
+    def _records(self) -> dict[str, PodRecord]:
+        return {r.uid: r for r in self.store.all()}
+
+    @staticmethod
+    def _key(pod: PodView) -> PodKey:
+        return PodKey(pod.uid, pod.namespace, pod.name)
+
+    def _partners(self, alloc: Allocation, kind: Kind, mine: Iterable[str]) -> list[str]:
+        """The other side of the pairs holding `mine`: GPU IDs for NICs, NIC PCIs for GPUs."""
+        mine = set(mine)
+        if kind == "gpu":
+            return [p.nic.pci_address for p in alloc.pairs if p.gpu.device_id in mine]
+        return [p.gpu.device_id for p in alloc.pairs if p.nic.pci_address in mine]
+
+    # ------------------------------------------------------------------ preferred
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]:
+        kind = kind_of(self.names, resource)
+        records = self._records()
+        cands = candidates(self.pods.pods(), records, self.node, self.names, resource, size)
+        if not cands:
+            log.info("%s: no pending pod on %s asks for %d; best local choice", resource,
+                     self.node, size)
+            return choose_local(self.topology, kind, available, must_include, size)
+        c = cands[0]
+        alloc, expected = c.allocation, c.expected
+        if alloc is None:
+            alloc = self._plan(c.pod, records, kind, available)
+            expected = self._expected(c.pod, alloc, records.get(c.pod.uid), resource, size)
+        if (len(expected) == size and set(expected) <= set(available)
+                and set(must_include) <= set(expected)):
+            answer = list(expected)
+        else:
+            answer = choose_local(self.topology, kind, available, must_include, size,
+                                  keep=expected, partners=self._partners(alloc, kind, expected))
+            log.warning("%s: %s recorded %s for %s but kubelet offers %d of them; "
+                        "preferring %s", c.pod, resource, list(expected), c.container,
+                        len(set(expected) & set(available)), answer)
+        self._hint[resource] = (c.pod.uid, c.container, frozenset(answer))
+        return answer
+
+    def _expected(self, pod: PodView, alloc: Allocation, rec: PodRecord | None, resource: str,
+                  size: int) -> tuple[str, ...]:
+        taken = set(rec.consumed_ids(resource)) if rec else set()
+        kind = kind_of(self.names, resource)
+        return tuple(i for i in ids_of(alloc, kind) if i not in taken)[:size]
+
+    # ------------------------------------------------------------------ the node's plan
+
+    def _ledger(self, records: Mapping[str, PodRecord], exclude: str) -> Ledger:
+        """Everything held on this node: admitted pods (store) and pending decisions."""
+        ledger = Ledger(self.topology)
+        live = {p.uid: p for p in self.pods.pods()}
+        holders: list[tuple[str, Allocation]] = []
+        for uid, r in records.items():
+            p = live.get(uid)
+            if uid != exclude and (p is None or not p.terminated):
+                holders.append((uid, r.allocation))
+        for p in live.values():
+            if (p.uid != exclude and p.uid not in records and p.allocation is not None
+                    and p.node_name == self.node and p.pending
+                    and p.allocation.node == self.node):
+                holders.append((p.uid, p.allocation))
+        for uid, a in holders:
+            try:
+                ledger.add(uid, a)
+            except LedgerConflict as e:
+                log.warning("ledger on %s: ignoring %s's record: %s", self.node, uid, e)
+        return ledger
+
+    def _request(self, pod: PodView) -> Request:
+        if pod.request is not None:
+            return pod.request
+        return Request(gpus=pod.total(self.names.gpu), vfs=pod.total(self.names.vf),
+                       pfs=pod.total(self.names.pf))
+
+    def _plan(self, pod: PodView, records: Mapping[str, PodRecord], kind: Kind,
+              available: Sequence[str]) -> Allocation:
+        """The best local pairing for a pod with no record; stored as `decidedBy: node`."""
+        request = self._request(pod)
+        ledger = self._ledger(records, exclude=pod.uid)
+        free = {k: self.offered(k) - self._used(ledger, k) for k in KINDS}
+        free[kind] &= frozenset(available)
+        alloc = self._allocator_plan(ledger, request, free)
+        if alloc is None:
+            alloc = self._greedy_plan(request, free)
+        alloc = alloc.stamped("node", self.clock())
+        self.store.put(self._key(pod), alloc)
+        log.warning("%s has no recorded allocation (it bypassed the scheduler); the node "
+                    "decided %s", pod, [(p.gpu.device_id, p.nic.pci_address)
+                                        for p in alloc.pairs] or
+                    [*ids_of(alloc, "gpu"), *ids_of(alloc, "vf"), *ids_of(alloc, "pf")])
+        return alloc
+
+    def _used(self, ledger: Ledger, kind: Kind) -> frozenset[str]:
+        if kind == "gpu":
+            return frozenset(self.topology.gpu(a).device_id for a in ledger.used_gpus)
+        return frozenset(ledger.used_vfs if kind == "vf" else ledger.used_pfs)
+
+    def _allocator_plan(self, ledger: Ledger, request: Request,
+                        free: Mapping[Kind, frozenset[str]]) -> Allocation | None:
+        if self.allocator is None:
+            return None
+        # Hold what this plugin may not hand out (unoffered, or not offered by kubelet now) so
+        # the allocator cannot pick it. Whole PFs are held only when the pod wants no VFs:
+        # a held PF would also hold its VFs.
+        gpus = [GpuRef.of(g) for g in self.topology.gpus
+                if g.device_id not in free["gpu"] and g.pci_address not in ledger.used_gpus]
+        def held(i: str, n: NicRef) -> bool:
+            if n.kind == "vf":
+                return (i not in free["vf"] and i not in ledger.used_vfs
+                        and n.pf_pci_address not in ledger.used_pfs)
+            return (request.vfs == 0 and i not in free["pf"] and i not in ledger.used_pfs
+                    and not ledger.vfs_used_on(i))
+
+        nics = [n for i, n in self.index.nics.items() if held(i, n)]
+        if gpus or nics:
+            try:
+                ledger.add("railyard/unavailable", Allocation(
+                    node=self.node, numa_nodes=(), cpus=None, memory_bytes=(),
+                    nics=tuple(nics), gpus=tuple(gpus)))
+            except LedgerConflict as e:
+                log.warning("cannot hold unavailable devices for planning: %s", e)
+        try:
+            result = self.allocator.allocate(self.topology, ledger, request)  # type: ignore[attr-defined]
+        except Exception:
+            log.exception("allocator failed; using the greedy node plan")
+            return None
+        if not isinstance(result, Allocation):
+            log.info("allocator: %s; using the greedy node plan", getattr(result, "reason", ""))
+            return None
+        if any(not set(ids_of(result, k)) <= free[k] for k in KINDS):
+            return None  # it chose something kubelet will not give: do not steer there
+        return result
+
+    def _greedy_plan(self, request: Request, free: Mapping[Kind, frozenset[str]]) -> Allocation:
+        topo = self.topology
+        gpus = choose_local(topo, "gpu", sorted(free["gpu"]), (), request.gpus)
+        vfs = choose_local(topo, "vf", sorted(free["vf"]), (), request.vfs, partners=gpus)
+        pfs = choose_local(topo, "pf", sorted(free["pf"]), (), request.pfs,
+                           partners=gpus[len(vfs):])
+        return reconcile(topo, None, {"gpu": gpus, "vf": vfs, "pf": pfs},
+                         decided_at=self.clock())
+
+    # ------------------------------------------------------------------ allocate
+
+    def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant:
+        kind = kind_of(self.names, resource)
+        ids = list(dict.fromkeys(device_ids))
+        records = self._records()
+        cands = candidates(self.pods.pods(), records, self.node, self.names, resource, len(ids))
+        hint = self._hint.pop(resource, None)
+        c = match_allocate(cands, ids, hint[:2] if hint and hint[2] == set(ids) else None)
+        if c is None:
+            log.warning("%s: Allocate of %s matches no pending pod on %s; answering for the "
+                        "devices alone", resource, ids, self.node)
+            return self._grant(kind, resource, ids, None, ids)
+        return self._allocate_for(c, kind, resource, ids, records)
+
+    def _allocate_for(self, c: Candidate, kind: Kind, resource: str, ids: list[str],
+                      records: dict[str, PodRecord]) -> ContainerGrant:
+        pod = c.pod
+        rec = records.get(pod.uid)
+        base = c.allocation
+        if base is None:
+            base = self._plan(pod, records, kind, ids)
+            rec = self.store.get(pod.uid)
+        actual: dict[Kind, list[str]] = {}
+        for k in KINDS:
+            r = self.resource_of(k)
+            done = [i for cons in (rec.consumed if rec else ())
+                    if cons.resource == r and cons.container != c.container
+                    for i in cons.device_ids]
+            if k == kind:
+                actual[k] = done + ids
+            elif len(done) == pod.total(r) and done:
+                actual[k] = done  # this kind is fully admitted already: it is fact now
+        agrees = all(set(ids_of(base, k)) >= set(v) for k, v in actual.items())
+        alloc = base
+        if not agrees:
+            alloc = reconcile(self.topology, base, actual, decided_at=self.clock())
+            log.warning("%s: kubelet gave %s %s to %s, not the recorded %s; recording what "
+                        "kubelet gave (decidedBy: node)", pod, resource, ids, c.container,
+                        list(c.expected))
+        if rec is None or rec.allocation != alloc:
+            self.store.put(self._key(pod), alloc)
+        rec = self.store.mark_consumed(pod.uid, c.container, resource, ids)
+        grant = self._grant(kind, resource, ids, alloc, ids)
+        container = next(x for x in pod.containers if x.name == c.container)
+        if all(rec.is_consumed(c.container, r) for r, _ in container.devices):
+            mine = {k: [i for cons in rec.consumed if cons.container == c.container
+                        and cons.resource == self.resource_of(k) for i in cons.device_ids]
+                    for k in KINDS}
+            grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=mine["gpu"],
+                                               nics=mine["vf"] + mine["pf"])
+        if self.on_allocated is not None:
+            self.on_allocated(pod, grant)
+        return grant
+
+    def _grant(self, kind: Kind, resource: str, ids: list[str], alloc: Allocation | None,
+               given: list[str]) -> ContainerGrant:
+        ordered = in_pair_order(given, alloc, kind)
+        if kind == "gpu":
+            return gpu_grant([self.index.gpu_ref(i) for i in ordered])
+        refs = {n.pci_address: n for n in alloc.all_nics} if alloc else {}
+        nics = [refs.get(i) or self.index.nics[i] for i in ordered]
+        uverbs = {}
+        for n in nics:
+            nic = self.topology.nic(n.pf_pci_address)
+            if n.kind == "pf":
+                uverbs[n.pci_address] = nic.uverbs
+            else:
+                uverbs[n.pci_address] = next((v.uverbs for v in nic.vfs
+                                              if v.pci_address == n.pci_address), None)
+        return nic_grant(resource, nics, uverbs)
+
+    # ------------------------------------------------------------------ check
+
+    def check(self, assigned: Iterable[AssignedPod]) -> list[str]:
+        """Make the store agree with PodResources; returns the warnings it logged."""
+        warnings: list[str] = []
+        by_name = {(p.namespace, p.name): p for p in self.pods.pods()}
+        records = self._records()
+        managed = self.names.managed
+        owner: dict[tuple[str, str], str] = {}  # (resource, device ID) -> uid per kubelet
+        for a in assigned:
+            if not any(a.has(r) for r in managed):
+                continue
+            pod = by_name.get((a.namespace, a.name))
+            if pod is None:
+                continue  # a pod we do not know yet: nothing to map its UID from
+            for r in managed:
+                for i in a.ids(r):
+                    owner[(r, i)] = pod.uid
+            rec = records.get(pod.uid)
+            base = rec.allocation if rec else (
+                pod.allocation if pod.allocation and pod.allocation.node == self.node else None)
+            actual = {k: list(a.ids(self.resource_of(k))) for k in KINDS
+                      if a.has(self.resource_of(k))}
+            alloc_ok = base is not None and all(
+                set(ids_of(base, k)) == set(v) for k, v in actual.items())
+            consumed_ok = rec is not None and all(
+                any(cn.container == cname and cn.resource == r
+                    and set(cn.device_ids) == set(ids) for cn in rec.consumed)
+                for cname, per in a.containers.items() for r, ids in per.items() if r in managed)
+            if alloc_ok and consumed_ok:
+                continue
+            if not alloc_ok:
+                new = reconcile(self.topology, base, actual, decided_at=self.clock())
+                msg = (f"{pod}: kubelet assigned {dict(actual)}, which differs from the "
+                       f"record; the node's record now holds what kubelet assigned "
+                       f"(decidedBy: node)")
+                log.warning("%s", msg)
+                warnings.append(msg)
+                self.store.put(self._key(pod), new)
+            elif rec is None:
+                self.store.put(self._key(pod), base)  # type: ignore[arg-type]
+            for cname, per in a.containers.items():
+                for r, ids in per.items():
+                    if r in managed:
+                        self.store.mark_consumed(pod.uid, cname, r, list(ids))
+        # Consumption we noted for a pod that kubelet says belongs to another: forget it.
+        for r in self.store.all():
+            for cn in r.consumed:
+                wrong = [i for i in cn.device_ids if owner.get((cn.resource, i), r.uid) != r.uid]
+                if wrong:
+                    msg = (f"{r.pod}: {cn.resource} {wrong} were noted for {cn.container} but "
+                           f"kubelet gave them to another pod; note removed")
+                    log.warning("%s", msg)
+                    warnings.append(msg)
+                    self.store.clear_consumed(r.uid, cn.container, cn.resource)
+        return warnings

@@ -1,0 +1,147 @@
+"""Which devices each plugin offers, and how healthy they are right now.
+
+`offered_devices` is pure: the topology, the pool selectors, the selector facts and the
+netdevs carrying the default route decide what kubelet may hand out. `SysfsProbe` is the thin
+reader behind it (facts, routes) and behind health: a short re-scan of a few files per device.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from railyard.agent.config import DeviceFacts, Selector, offered
+from railyard.discovery.sysfs import parse_default_route_ifaces, parse_port_state
+from railyard.kubelet.resolver import Kind
+from railyard.topology.model import Nic, NodeTopology
+
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class PluginDevice:
+    id: str
+    kind: Kind
+    pci_address: str
+    numa_node: int | None
+    pf_pci_address: str | None = None  # VFs: their PF
+
+
+def _facts(nic: Nic, pci: str, vf_index: int | None, driver: str | None,
+           facts: Mapping[str, DeviceFacts]) -> DeviceFacts:
+    known = facts.get(pci)
+    if known is not None:
+        return known
+    return DeviceFacts(pci, None, None, driver, nic.netdev, vf_index, nic.link_layer)
+
+
+def offered_devices(topology: NodeTopology, kind: Kind, *, pool: tuple[Selector, ...] = (),
+                    facts: Mapping[str, DeviceFacts] | None = None,
+                    routed: frozenset[str] = frozenset()) -> tuple[PluginDevice, ...]:
+    """The devices one plugin advertises.
+
+    Never a PF or VF whose netdev carries the default route (the node would lose its
+    network), never a VF bound to vfio-pci as an RDMA VF.
+    """
+    facts = facts or {}
+    if kind == "gpu":
+        return tuple(PluginDevice(g.device_id, "gpu", g.pci_address, g.numa_node)
+                     for g in topology.gpus)
+    out: list[PluginDevice] = []
+    for nic in topology.nics:
+        if kind == "pf":
+            if nic.default_route or (nic.netdev and nic.netdev in routed):
+                continue
+            if offered(pool, _facts(nic, nic.pci_address, None, nic.driver, facts)):
+                out.append(PluginDevice(nic.pci_address, "pf", nic.pci_address, nic.numa_node))
+            continue
+        for vf in nic.vfs:
+            if not vf.is_rdma or (vf.netdev and vf.netdev in routed):
+                continue
+            if offered(pool, _facts(nic, vf.pci_address, vf.vf_index, vf.driver, facts)):
+                out.append(PluginDevice(vf.pci_address, "vf", vf.pci_address, nic.numa_node,
+                                        nic.pci_address))
+    return tuple(out)
+
+
+class SysfsProbe:
+    """Reads selector facts, default routes and device health under a sysfs root."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(root)
+        self.pci = os.path.join(self.root, "sys", "bus", "pci", "devices")
+
+    def _read(self, path: str) -> str | None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    def _driver(self, pci: str) -> str | None:
+        try:
+            return os.path.basename(os.readlink(f"{self.pci}/{pci}/driver"))
+        except OSError:
+            return None
+
+    def routed_netdevs(self) -> frozenset[str]:
+        text = self._read(os.path.join(self.root, "proc", "net", "route"))
+        return frozenset(parse_default_route_ifaces(text or ""))
+
+    def facts(self, topology: NodeTopology) -> dict[str, DeviceFacts]:
+        """Vendor, device and driver of every PF and VF, as selectors see them."""
+        out: dict[str, DeviceFacts] = {}
+
+        def hex_id(pci: str, name: str) -> str | None:
+            v = self._read(f"{self.pci}/{pci}/{name}")
+            return v.lower().removeprefix("0x") if v else None
+
+        for nic in topology.nics:
+            funcs = [(nic.pci_address, None)] + [(v.pci_address, v.vf_index) for v in nic.vfs]
+            for pci, index in funcs:
+                out[pci] = DeviceFacts(pci, hex_id(pci, "vendor"), hex_id(pci, "device"),
+                                       self._driver(pci), nic.netdev, index, nic.link_layer)
+        return out
+
+    # ------------------------------------------------------------------ health
+
+    def _port_problem(self, pci: str, rdma: str | None) -> str | None:
+        """RDMA port 1 not ACTIVE; None when fine or when the device is not in our view."""
+        if not rdma:
+            return None
+        state = self._read(f"{self.pci}/{pci}/infiniband/{rdma}/ports/1/state")
+        if state is None:
+            return None  # moved into a pod's namespace, or no port folder: nothing to judge
+        name = parse_port_state(state)
+        return None if name == "ACTIVE" else f"RDMA port {rdma}/1 is {name}"
+
+    def _pf_problem(self, nic: Nic) -> str | None:
+        if not os.path.exists(f"{self.pci}/{nic.pci_address}"):
+            return f"PF {nic.pci_address} is gone"
+        if nic.netdev:
+            oper = self._read(f"{self.pci}/{nic.pci_address}/net/{nic.netdev}/operstate")
+            if oper in ("down", "lowerlayerdown", "notpresent"):
+                return f"PF {nic.netdev} link is {oper}"
+        return self._port_problem(nic.pci_address, nic.rdma_device)
+
+    def unhealthy(self, topology: NodeTopology) -> dict[str, str]:
+        """Device ID → why it is unhealthy, for every device with a problem now."""
+        out: dict[str, str] = {}
+        for g in topology.gpus:
+            if not os.path.exists(f"{self.pci}/{g.pci_address}"):
+                out[g.device_id] = f"GPU {g.pci_address} is gone"
+        for nic in topology.nics:
+            pf = self._pf_problem(nic)
+            if pf:
+                out[nic.pci_address] = pf
+            for vf in nic.vfs:
+                if not os.path.exists(f"{self.pci}/{vf.pci_address}"):
+                    out[vf.pci_address] = f"VF {vf.pci_address} is gone"
+                elif pf:
+                    out[vf.pci_address] = pf
+                else:
+                    port = self._port_problem(vf.pci_address, vf.rdma_device)
+                    if port:
+                        out[vf.pci_address] = port
+        return out

@@ -1,0 +1,172 @@
+"""Pairing what kubelet really gave: rebuild an Allocation around the actual device IDs.
+
+When kubelet hands a pod other devices than recorded (it may: the preferred allocation is
+advisory), the node records what really happened. `reconcile` keeps every recorded pair whose
+GPU and NIC were both given, and pairs the rest nearest-first. `choose_local` is the node's
+best local choice of N devices of one kind when the record cannot be honoured. Pure, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
+from railyard.kubelet.resolver import Kind, ids_of
+from railyard.topology.model import Distance, Gpu, NodeTopology
+
+
+class DeviceIndex:
+    """Device plugin IDs to topology objects, for one node."""
+
+    def __init__(self, topology: NodeTopology) -> None:
+        self.topology = topology
+        self.gpus: dict[str, Gpu] = {}
+        for g in topology.gpus:
+            self.gpus[g.device_id] = g
+            self.gpus.setdefault(g.pci_address, g)
+        self.nics: dict[str, NicRef] = {}
+        for n in topology.nics:
+            self.nics[n.pci_address] = NicRef.of_pf(n)
+            for v in n.vfs:
+                self.nics[v.pci_address] = NicRef.of_vf(n, v)
+        self.numa = {n.pci_address: n.numa_node for n in topology.nics}
+
+    def gpu_ref(self, device_id: str) -> GpuRef:
+        return GpuRef.of(self.gpus[device_id])
+
+    def nic_ref(self, device_id: str, kind: Kind) -> NicRef:
+        ref = self.nics[device_id]
+        if ref.kind != kind:
+            raise KeyError(device_id)
+        return ref
+
+    def distance(self, gpu: GpuRef, nic: NicRef) -> Distance:
+        return self.topology.distance[gpu.pci_address][nic.pf_pci_address]
+
+
+def _ordered(ids: Iterable[str], preferred: tuple[str, ...]) -> list[str]:
+    """`ids` in the order of `preferred`, the others after it in their own order."""
+    pos = {x: i for i, x in enumerate(preferred)}
+    ids = list(dict.fromkeys(ids))
+    return sorted(ids, key=lambda x: (pos.get(x, len(pos)), ids.index(x)))
+
+
+def reconcile(topology: NodeTopology, base: Allocation | None,
+              actual: Mapping[Kind, Iterable[str]], *, decided_at: str | None) -> Allocation:
+    """An Allocation holding exactly the `actual` IDs (per kind), pairs kept where possible.
+
+    Kinds absent from `actual` keep the base's IDs. The result is `decidedBy: node`.
+    """
+    idx = DeviceIndex(topology)
+    base_ids = {k: ids_of(base, k) if base else () for k in ("gpu", "vf", "pf")}
+    ids = {k: _ordered(actual[k], base_ids[k]) if k in actual else list(base_ids[k])
+           for k in ("gpu", "vf", "pf")}
+    gpus = [idx.gpu_ref(i) for i in ids["gpu"]]
+    nics = [idx.nic_ref(i, "vf") for i in ids["vf"]] + [idx.nic_ref(i, "pf") for i in ids["pf"]]
+    if base is not None:  # base order: paired NICs first, in pair order
+        order = [n.pci_address for n in base.all_nics]
+        nics.sort(key=lambda n: order.index(n.pci_address) if n.pci_address in order
+                  else len(order))
+    if base is not None and base.pairs:
+        shared = len({p.nic.pci_address for p in base.pairs}) < len(base.pairs)
+        pairing = "shared" if shared else "one-to-one"
+    elif base is not None and base.all_gpus and base.all_nics:
+        pairing = "none"
+    elif gpus and nics:
+        pairing = "one-to-one" if len(nics) >= len(gpus) else "shared"
+    else:
+        pairing = "none"
+    pairs: list[Pair] = []
+    unpaired_gpus: list[GpuRef] = []
+    if pairing != "none":
+        was = {p.gpu.pci_address: p.nic.pci_address for p in (base.pairs if base else ())}
+        load: Counter[str] = Counter()
+        by_addr = {n.pci_address: n for n in nics}
+        chosen: dict[str, NicRef] = {}
+        for g in gpus:  # keep recorded pairs whose both sides were given
+            n = by_addr.get(was.get(g.pci_address, ""))
+            if n is not None and (pairing == "shared" or not load[n.pci_address]):
+                chosen[g.pci_address] = n
+                load[n.pci_address] += 1
+        for g in gpus:
+            if g.pci_address in chosen:
+                continue
+            free = [n for n in nics if pairing == "shared" or not load[n.pci_address]]
+            if not free:
+                continue
+            n = min(free, key=lambda n: (idx.distance(g, n), load[n.pci_address],
+                                         n.pci_address))
+            chosen[g.pci_address] = n
+            load[n.pci_address] += 1
+        for g in gpus:
+            n = chosen.get(g.pci_address)
+            if n is None:
+                unpaired_gpus.append(g)
+            else:
+                pairs.append(Pair(g, n, idx.distance(g, n)))
+        paired = {p.nic.pci_address for p in pairs}
+        rest_nics = [n for n in nics if n.pci_address not in paired]
+    else:
+        unpaired_gpus, rest_nics = gpus, nics
+    numa = set(base.numa_nodes if base else ())
+    numa |= {topology.gpu(g.pci_address).numa_node for g in gpus} - {None}
+    numa |= {idx.numa[n.pf_pci_address] for n in nics} - {None}
+    out = Allocation(
+        node=topology.node,
+        numa_nodes=tuple(sorted(numa)),  # type: ignore[arg-type]
+        cpus=base.cpus if base else None,
+        memory_bytes=base.memory_bytes if base else (),
+        pairs=tuple(pairs),
+        nics=tuple(rest_nics),
+        gpus=tuple(unpaired_gpus),
+    )
+    return replace(out, decided_by="node", decided_at=decided_at)
+
+
+def choose_local(topology: NodeTopology, kind: Kind, available: Iterable[str],
+                 must_include: Iterable[str], size: int, *, keep: Iterable[str] = (),
+                 partners: Iterable[str] = ()) -> list[str]:
+    """Pick `size` of `available`: kubelet's must-includes, then `keep` (recorded IDs still
+    offered), then nearest to the pod's unmatched `partners` (GPU IDs when choosing NICs, NIC
+    IDs when choosing GPUs), spreading NICs over PFs; PCI address breaks ties."""
+    idx = DeviceIndex(topology)
+    avail = [a for a in dict.fromkeys(available)
+             if (a in idx.gpus if kind == "gpu" else a in idx.nics and idx.nics[a].kind == kind)]
+    chosen: list[str] = []
+    for x in (*must_include, *keep):
+        if x in avail and x not in chosen and len(chosen) < size:
+            chosen.append(x)
+    todo = list(dict.fromkeys(partners))
+
+    def dist(device: str, partner: str) -> int:
+        """Distance class between a candidate and a partner of the other kind."""
+        gpu, nic = (device, partner) if kind == "gpu" else (partner, device)
+        if gpu not in idx.gpus or nic not in idx.nics:
+            return int(Distance.SYS)
+        return int(idx.distance(idx.gpu_ref(gpu), idx.nics[nic]))
+
+    # A partner already matched by a kept device is not waiting for another one.
+    for c in chosen:
+        if todo:
+            todo.remove(min(todo, key=lambda p: (dist(c, p), p)))
+    per_pf: Counter[str] = Counter(idx.nics[c].pf_pci_address for c in chosen
+                                   if c in idx.nics)
+    while len(chosen) < size:
+        rest = [a for a in avail if a not in chosen]
+        if not rest:
+            break
+
+        def cost(a: str, partner: str | None) -> tuple:
+            crowd = per_pf[idx.nics[a].pf_pci_address] if kind != "gpu" else 0
+            return (dist(a, partner) if partner else 0, crowd, a)
+
+        partner = todo[0] if todo else None
+        best = min(rest, key=lambda a: cost(a, partner))
+        chosen.append(best)
+        if todo:
+            todo.pop(0)
+        if kind != "gpu":
+            per_pf[idx.nics[best].pf_pci_address] += 1
+    return chosen

@@ -1,0 +1,295 @@
+"""One device plugin per resource: the v1beta1 DevicePlugin service on its own unix socket.
+
+The servicer is thin: it turns protobuf into calls on an `AdmissionHandler` (the pod
+resolver and response builder behind it) and back. `PluginEndpoint` owns the socket's life:
+serve first, then `Register` with kubelet (or, when kubelet's `plugins_registry/` folder
+exists, serve the plugin watcher's `Registration` service on a socket there instead — one or
+the other, never both), and serve again when kubelet's restart deletes the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from railyard.kubelet.api import deviceplugin_pb2 as pb
+from railyard.kubelet.api import deviceplugin_pb2_grpc as pb_grpc
+from railyard.kubelet.api import pluginregistration_pb2 as reg_pb
+from railyard.kubelet.api import pluginregistration_pb2_grpc as reg_grpc
+from railyard.kubelet.inventory import HEALTHY, UNHEALTHY, PluginDevice
+from railyard.kubelet.response import ContainerGrant
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+REGISTER_TIMEOUT_S = 5.0
+MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+
+
+class PluginError(Exception):
+    """A plugin that cannot serve (its socket cannot be made); the message says why."""
+
+
+class AdmissionHandler(Protocol):
+    """What the plugin asks of the agent; called on the event loop, must not block long."""
+
+    def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                  size: int) -> list[str]: ...
+
+    def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant: ...
+
+
+class DeviceList:
+    """The devices a plugin advertises and their health; wakes ListAndWatch on change only."""
+
+    def __init__(self, devices: Sequence[PluginDevice] = ()) -> None:
+        self._devices = tuple(devices)
+        self._unhealthy: frozenset[str] = frozenset()
+        self.version = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def devices(self) -> tuple[PluginDevice, ...]:
+        return self._devices
+
+    @property
+    def unhealthy(self) -> frozenset[str]:
+        return self._unhealthy
+
+    def ids(self) -> frozenset[str]:
+        return frozenset(d.id for d in self._devices)
+
+    async def update(self, devices: Sequence[PluginDevice] | None = None,
+                     unhealthy: frozenset[str] | None = None) -> bool:
+        """Replace the list and/or health; True (and a wake-up) only if something changed."""
+        new_devices = self._devices if devices is None else tuple(devices)
+        new_bad = self._unhealthy if unhealthy is None else frozenset(unhealthy)
+        new_bad &= frozenset(d.id for d in new_devices)
+        if new_devices == self._devices and new_bad == self._unhealthy:
+            return False
+        self._devices, self._unhealthy = new_devices, new_bad
+        self.version += 1
+        async with self._changed:
+            self._changed.notify_all()
+        return True
+
+    async def wait_newer(self, version: int) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.version != version)
+        return self.version
+
+    def response(self) -> pb.ListAndWatchResponse:
+        return pb.ListAndWatchResponse(devices=[
+            pb.Device(
+                ID=d.id,
+                health=UNHEALTHY if d.id in self._unhealthy else HEALTHY,
+                topology=(pb.TopologyInfo(nodes=[pb.NUMANode(ID=d.numa_node)])
+                          if d.numa_node is not None else None),
+            )
+            for d in self._devices
+        ])
+
+
+def grant_to_pb(g: ContainerGrant) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=g.envs,
+        devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path,
+                               permissions=d.permissions) for d in g.devices],
+        annotations=g.annotations,
+    )
+
+
+class DevicePluginServicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler) -> None:
+        self.resource = resource
+        self.devices = devices
+        self.handler = handler
+
+    async def GetDevicePluginOptions(self, request, context):
+        return pb.DevicePluginOptions(pre_start_required=False,
+                                      get_preferred_allocation_available=True)
+
+    async def ListAndWatch(self, request, context) -> AsyncIterator[pb.ListAndWatchResponse]:
+        version = self.devices.version
+        yield self.devices.response()
+        while True:
+            version = await self.devices.wait_newer(version)
+            yield self.devices.response()
+
+    async def GetPreferredAllocation(self, request, context):
+        out = pb.PreferredAllocationResponse()
+        for c in request.container_requests:
+            try:
+                ids = self.handler.preferred(self.resource, list(c.available_deviceIDs),
+                                             list(c.must_include_deviceIDs), c.allocation_size)
+            except Exception:  # advisory: never fail admission over a preference
+                log.exception("%s: GetPreferredAllocation failed; no preference given",
+                              self.resource)
+                ids = list(c.must_include_deviceIDs)
+            out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return out
+
+    async def Allocate(self, request, context):
+        out = pb.AllocateResponse()
+        known = self.devices.ids()
+        for c in request.container_requests:
+            ids = list(c.devices_ids)
+            unknown = [i for i in ids if i not in known]
+            if unknown:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"{self.resource}: unknown device IDs {unknown}")
+            out.container_responses.append(grant_to_pb(self.handler.allocate(self.resource,
+                                                                              ids)))
+        return out
+
+    async def PreStartContainer(self, request, context):
+        return pb.PreStartContainerResponse()
+
+
+class WatcherRegistration(reg_grpc.RegistrationServicer):
+    """The plugin watcher's side: kubelet asks who we are, then tells us how it went."""
+
+    def __init__(self, resource: str, endpoint: str) -> None:
+        self.resource = resource
+        self.endpoint = endpoint
+        self.registered = asyncio.Event()
+        self.error: str | None = None
+
+    async def GetInfo(self, request, context):
+        return reg_pb.PluginInfo(type="DevicePlugin", name=self.resource,
+                                 endpoint=self.endpoint, supported_versions=[API_VERSION])
+
+    async def NotifyRegistrationStatus(self, request, context):
+        if request.plugin_registered:
+            self.error = None
+            self.registered.set()
+            log.info("%s: registered through the plugin watcher", self.resource)
+        else:
+            self.error = request.error
+            log.warning("%s: plugin watcher registration failed: %s", self.resource,
+                        request.error)
+        return reg_pb.RegistrationStatusResponse()
+
+
+def socket_name(resource: str) -> str:
+    """`railyard.dev/vf` → `railyard.dev_vf.sock` (one file per resource)."""
+    return resource.replace("/", "_") + ".sock"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletPaths:
+    kubelet_dir: str
+
+    @property
+    def device_plugins(self) -> str:
+        return os.path.join(self.kubelet_dir, "device-plugins")
+
+    @property
+    def plugins_registry(self) -> str:
+        return os.path.join(self.kubelet_dir, "plugins_registry")
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.device_plugins, KUBELET_SOCKET)
+
+    @property
+    def pod_resources_socket(self) -> str:
+        return os.path.join(self.kubelet_dir, "pod-resources", KUBELET_SOCKET)
+
+    @property
+    def watcher_mode(self) -> bool:
+        return os.path.isdir(self.plugins_registry)
+
+
+class PluginEndpoint:
+    """Serves one resource's plugin and keeps it registered across kubelet restarts."""
+
+    def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler,
+                 paths: KubeletPaths) -> None:
+        self.resource = resource
+        self.devices = devices
+        self.handler = handler
+        self.paths = paths
+        self.watcher_mode = paths.watcher_mode
+        folder = paths.plugins_registry if self.watcher_mode else paths.device_plugins
+        self.socket_path = os.path.join(folder, socket_name(resource))
+        self._server: grpc.aio.Server | None = None
+        self._registration: WatcherRegistration | None = None
+        self.registrations = 0  # successful Register calls (device-plugins mode)
+        self.registered = False  # kubelet knows this socket (watcher mode: kubelet finds it)
+        self._lock = asyncio.Lock()
+
+    @property
+    def folder(self) -> str:
+        return os.path.dirname(self.socket_path)
+
+    async def _serve(self) -> None:
+        """(Re)start the gRPC server on the socket; the old one is stopped first because
+        gRPC unlinks its socket path on shutdown, which would delete a new socket there."""
+        if self._server is not None:
+            old, self._server = self._server, None
+            await old.stop(0)
+        os.makedirs(self.folder, exist_ok=True)
+        if len(self.socket_path.encode()) > MAX_SOCKET_PATH:
+            raise PluginError(f"{self.socket_path}: a unix socket path may have at most "
+                              f"{MAX_SOCKET_PATH} bytes; use a shorter --kubelet-dir")
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(
+            DevicePluginServicer(self.resource, self.devices, self.handler), server)
+        if self.watcher_mode:
+            self._registration = WatcherRegistration(self.resource, self.socket_path)
+            reg_grpc.add_RegistrationServicer_to_server(self._registration, server)
+        server.add_insecure_port("unix://" + self.socket_path)
+        await server.start()
+        self._server = server
+        log.info("%s: serving on %s", self.resource, self.socket_path)
+
+    async def _register(self) -> bool:
+        """Register with kubelet.sock; False when kubelet is not there (yet)."""
+        try:
+            async with grpc.aio.insecure_channel("unix://" + self.paths.kubelet_socket) as ch:
+                await pb_grpc.RegistrationStub(ch).Register(
+                    pb.RegisterRequest(
+                        version=API_VERSION,
+                        endpoint=os.path.basename(self.socket_path),
+                        resource_name=self.resource,
+                        options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                    ),
+                    timeout=REGISTER_TIMEOUT_S,
+                )
+        except grpc.aio.AioRpcError as e:
+            log.warning("%s: Register with %s failed: %s", self.resource,
+                        self.paths.kubelet_socket, e.details())
+            return False
+        self.registrations += 1
+        log.info("%s: registered with kubelet", self.resource)
+        return True
+
+    async def ensure(self, *, register_again: bool = False) -> bool:
+        """Serve if our socket is gone, then register unless already registered; True when
+        kubelet knows us. `register_again`: kubelet restarted, register even if we had."""
+        async with self._lock:
+            if self._server is None or not os.path.exists(self.socket_path):
+                await self._serve()
+                self.registered = self.watcher_mode
+            if register_again and not self.watcher_mode:
+                self.registered = False
+            if not self.registered:
+                self.registered = await self._register()
+            return self.registered
+
+    async def stop(self) -> None:
+        async with self._lock:
+            if self._server is not None:
+                server, self._server = self._server, None
+                await server.stop(0)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.socket_path)

@@ -1,0 +1,73 @@
+"""PodResources v1 client: what kubelet really assigned, per pod, container and resource.
+
+Used after `Allocate` to check the resolver's guess. `Get` sits behind a feature gate on
+older kubelets, so a pod is looked up with `Get` first and `List` when kubelet answers
+UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+from railyard.kubelet.api import podresources_pb2 as pb
+from railyard.kubelet.api import podresources_pb2_grpc as pb_grpc
+
+TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class AssignedPod:
+    namespace: str
+    name: str
+    # container -> resource -> device IDs (kubelet's order)
+    containers: dict[str, dict[str, tuple[str, ...]]]
+
+    def ids(self, resource: str) -> tuple[str, ...]:
+        return tuple(i for c in self.containers.values() for i in c.get(resource, ()))
+
+    def has(self, resource: str) -> bool:
+        return any(resource in c for c in self.containers.values())
+
+
+def _assigned(p: pb.PodResources) -> AssignedPod:
+    containers: dict[str, dict[str, tuple[str, ...]]] = {}
+    for c in p.containers:
+        per: dict[str, list[str]] = {}
+        for d in c.devices:
+            per.setdefault(d.resource_name, []).extend(d.device_ids)
+        containers[c.name] = {r: tuple(ids) for r, ids in per.items()}
+    return AssignedPod(p.namespace, p.name, containers)
+
+
+class PodResourcesClient:
+    def __init__(self, socket_path: str) -> None:
+        self.socket_path = socket_path
+        self._get_unimplemented = False
+
+    async def list(self) -> list[AssignedPod]:
+        async with grpc.aio.insecure_channel("unix://" + self.socket_path) as ch:
+            resp = await pb_grpc.PodResourcesListerStub(ch).List(
+                pb.ListPodResourcesRequest(), timeout=TIMEOUT_S)
+        return [_assigned(p) for p in resp.pod_resources]
+
+    async def get(self, namespace: str, name: str) -> AssignedPod | None:
+        """One pod's assignment; None when kubelet does not know the pod."""
+        if not self._get_unimplemented:
+            try:
+                async with grpc.aio.insecure_channel("unix://" + self.socket_path) as ch:
+                    resp = await pb_grpc.PodResourcesListerStub(ch).Get(
+                        pb.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
+                        timeout=TIMEOUT_S)
+                return _assigned(resp.pod_resources)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
+                if e.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    raise
+                self._get_unimplemented = True  # an older kubelet: List from now on
+        for p in await self.list():
+            if p.namespace == namespace and p.name == name:
+                return p
+        return None

@@ -1,0 +1,130 @@
+"""What the device plugins need to know about a pod, parsed once from a v1 Pod object.
+
+The resolver never sees raw Pods: `pod_view` validates the few fields it reads and keeps a
+malformed allocation record as an error string (the pod is still a pod; it just has no usable
+record), so one bad annotation never stops admission of the others.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from railyard.allocation.names import ALLOCATION_ANNOTATION, DEFAULT_RESOURCES, ResourceNames
+from railyard.allocation.request import Request, RequestError, parse_quantity, request_from_pod
+from railyard.allocation.types import Allocation
+from railyard.records.allocation import RecordError, decode_allocation
+
+
+class PodError(ValueError):
+    """A Pod object the agent cannot use at all (no UID, no name); names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    name: str
+    devices: tuple[tuple[str, int], ...]  # (resource, count), managed resources only
+
+    def count(self, resource: str) -> int:
+        return sum(n for r, n in self.devices if r == resource)
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    uid: str
+    namespace: str
+    name: str
+    node_name: str | None
+    phase: str  # "Pending" when the status says nothing
+    deleting: bool
+    created: str  # metadata.creationTimestamp (RFC 3339 sorts as text), "" when absent
+    containers: tuple[ContainerView, ...]
+    allocation: Allocation | None  # the recorded decision (annotation), when valid
+    allocation_error: str | None  # why the annotation could not be used
+    request: Request | None  # the pod-level request; None when unparsable
+    request_error: str | None
+    raw: dict[str, Any]
+
+    def total(self, resource: str) -> int:
+        return sum(c.count(resource) for c in self.containers)
+
+    @property
+    def pending(self) -> bool:
+        return self.phase == "Pending" and not self.deleting
+
+    @property
+    def terminated(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _container(c: Any, where: str, names: ResourceNames) -> ContainerView:
+    if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+        raise PodError(f"{where}.name: missing")
+    res = c.get("resources") or {}
+    counts: dict[str, int] = {}
+    if isinstance(res, dict):
+        for section in ("limits", "requests"):  # extended resources: requests == limits
+            values = res.get(section) or {}
+            if not isinstance(values, dict):
+                continue
+            for r in names.managed:
+                if r in values:
+                    try:
+                        q = parse_quantity(values[r], f"{where}.resources.{section}[{r}]")
+                    except RequestError:
+                        continue
+                    if q.denominator == 1 and q > 0:
+                        counts[r] = int(q)
+    return ContainerView(c["name"], tuple(sorted(counts.items())))
+
+
+def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
+    """Parse a v1 Pod; PodError only when the pod cannot be identified at all."""
+    if not isinstance(pod, dict):
+        raise PodError("pod: expected an object")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict):
+        raise PodError("metadata: missing")
+    for key in ("uid", "name"):
+        if not isinstance(meta.get(key), str) or not meta[key]:
+            raise PodError(f"metadata.{key}: missing")
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
+    views = tuple(_container(c, f"spec.containers[{i}]", names) for i, c in enumerate(containers))
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    allocation = alloc_error = None
+    raw_alloc = annotations.get(ALLOCATION_ANNOTATION)
+    if raw_alloc is not None:
+        if not isinstance(raw_alloc, str):
+            alloc_error = f"{ALLOCATION_ANNOTATION}: expected a JSON string"
+        else:
+            try:
+                allocation = decode_allocation(raw_alloc, ALLOCATION_ANNOTATION)
+            except RecordError as e:
+                alloc_error = str(e)
+    request = request_error = None
+    try:
+        request = request_from_pod(pod, names)
+    except RequestError as e:
+        request_error = str(e)
+    node = spec.get("nodeName")
+    phase = status.get("phase")
+    return PodView(
+        uid=meta["uid"],
+        namespace=meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default",
+        name=meta["name"],
+        node_name=node if isinstance(node, str) and node else None,
+        phase=phase if isinstance(phase, str) and phase else "Pending",
+        deleting=meta.get("deletionTimestamp") is not None,
+        created=meta.get("creationTimestamp") or "",
+        containers=views,
+        allocation=allocation,
+        allocation_error=alloc_error,
+        request=request,
+        request_error=request_error,
+        raw=pod,
+    )
