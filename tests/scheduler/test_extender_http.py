@@ -68,13 +68,13 @@ def test_filter_with_a_node_list_answers_a_node_list_of_the_same_objects():
     async def scenario(s, url):
         nodes = node_list([*NAMES, "ghost"])
         return nodes, await post(s, f"{url}/filter",
-                                 {"Pod": pod("u1", gpus=8, vfs=8), "Nodes": nodes,
+                                 {"Pod": pod("u1", gpus=8, pfs=5), "Nodes": nodes,
                                   "NodeNames": None})
 
     nodes, (status, body) = run(scenario, ext)
     assert status == 200 and body["NodeNames"] is None and body["Error"] == ""
     assert body["Nodes"]["kind"] == "NodeList"
-    assert body["Nodes"]["items"] == nodes["items"][:2]  # hgx has 4 GPUs: unresolvable
+    assert body["Nodes"]["items"] == nodes["items"][:2]  # hgx has 4 PFs: unresolvable
     assert set(body["FailedAndUnresolvableNodes"]) == {"hgx-h100-4nic-000", "ghost"}
 
 
@@ -113,7 +113,7 @@ def test_bad_filter_input_sets_error_and_changes_nothing():
 def test_prioritize_scores_every_name_and_refuses_bad_input_with_400():
     async def scenario(s, url):
         good = await post(s, f"{url}/prioritize", args(pod("u", gpus=2, vfs=2), NAMES))
-        bad = await post(s, f"{url}/prioritize", b"[1,2")
+        bad = await post(s, f"{url}/prioritize", b"{\"Pod\": ")
         return good, bad
 
     (status, body), (bad_status, bad_body) = run(scenario, extender())

@@ -17,8 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
+from railyard.allocation.shape import offer_key, port_usable, vf_allocatable
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
@@ -57,15 +59,23 @@ class _Group:
 
 
 class _Node:
-    __slots__ = ("generation", "group", "ledger", "lock", "shape", "topology")
+    __slots__ = ("generation", "group", "ledger", "lock", "odd_vfs", "shape", "topology")
 
-    def __init__(self, topology: NodeTopology, shape: int) -> None:
+    def __init__(self, topology: NodeTopology, shape: int, odd_vfs: frozenset[str]) -> None:
         self.topology = topology
         self.shape = shape
+        self.odd_vfs = odd_vfs  # VFs never offered: their use is not in the signature
         self.ledger: Ledger | None = None  # created on first use: most nodes start empty
         self.lock = threading.Lock()  # guards this node's ledger
         self.generation = -1
         self.group: _Group | None = None
+
+
+def _never_offered(t: NodeTopology) -> frozenset[str]:
+    """VFs the allocator never hands out; which of them are used is outside the ledger's
+    signature, so it joins the group key (as it joins the allocator's memo key)."""
+    return frozenset(v.pci_address for n in t.nics for v in n.vfs
+                     if not port_usable(n) or not vf_allocatable(v))
 
 
 def now_rfc3339() -> str:
@@ -81,11 +91,7 @@ class ClusterState:
 
     def __init__(self, topologies: Iterable[NodeTopology],
                  allocator: NodeAllocator | None = None) -> None:
-        if allocator is None:
-            from railyard.allocation.allocator import Allocator
-
-            allocator = Allocator()
-        self.allocator = allocator
+        self.allocator = allocator if allocator is not None else Allocator()
         self._nodes: dict[str, _Node] = {}
         shapes: dict[tuple, int] = {}
         by_parts: dict[tuple[int, ...], int] = {}
@@ -94,14 +100,15 @@ class ClusterState:
                 raise ValueError(f"duplicate node {t.node!r}")
             # Nodes built from one profile share their device tuples; skip the shape key.
             parts = (id(t.numa_nodes), id(t.gpus), id(t.nics), id(t.distance))
-            shape = by_parts.get(parts)
-            if shape is None:
-                shape = shapes.setdefault(t.shape_key, len(shapes))
-                by_parts[parts] = shape
-            self._nodes[t.node] = _Node(t, shape)
+            known = by_parts.get(parts)
+            if known is None:
+                # The allocator's own notion of "same machine": hardware plus what is offered.
+                shape = shapes.setdefault((t.shape_key, offer_key(t)), len(shapes))
+                known = by_parts[parts] = (shape, _never_offered(t))
+            self._nodes[t.node] = _Node(t, *known)
         self._keep = list(self._nodes.values())  # topologies stay alive: ids above stay valid
         self._groups: weakref.WeakValueDictionary[tuple, _Group] = weakref.WeakValueDictionary()
-        self._empty = [self._intern((s, Ledger(self._any_of_shape(s)).signature()))
+        self._empty = [self._intern((s, Ledger(self._any_of_shape(s)).signature(), ()))
                        for s in range(len(shapes))]
         self._pods: dict[str, BoundPod] = {}
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
@@ -160,7 +167,8 @@ class ClusterState:
             # Read the signature under the lock: a threaded caller may be binding here.
             with node.lock:
                 node.generation = led.generation
-                node.group = self._intern((node.shape, led.signature()))
+                odd = tuple(sorted(node.odd_vfs & led.used_vfs)) if node.odd_vfs else ()
+                node.group = self._intern((node.shape, led.signature(), odd))
         return node.group
 
     def _grouped(self, names: list[str]) -> tuple[dict[_Group, list[str]], list[_Group | None]]:
