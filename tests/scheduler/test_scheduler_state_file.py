@@ -9,6 +9,7 @@ import pytest
 from scheduler_helpers import hand_allocation
 
 from railyard.discovery.profiles import build_topology, profile
+from railyard.scheduler import state_file
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state_file import StateFile, StateFileError, read_state
 
@@ -66,18 +67,19 @@ def test_a_corrupt_line_in_the_middle_is_an_error_naming_the_line(tmp_path):
         read_state(path)
 
 
-def test_journal_is_compacted_to_a_snapshot_without_leftovers(tmp_path):
+def test_journal_is_compacted_to_a_snapshot_without_leftovers(tmp_path, monkeypatch):
+    monkeypatch.setattr(state_file, "_SLACK_LINES", 50)
     path = tmp_path / "state"
     sf, _ = StateFile.open(path)
     sf.compact()
-    for i in range(700):  # 1,400 lines > the slack: at least one snapshot
+    for i in range(70):  # 140 lines > the slack: at least one snapshot
         sf.bind_sync(bound(f"u{i}", i % 8))
         sf.release_sync(f"u{i}")
     sf.bind_sync(bound("keep", 3))
     assert sf.compactions >= 2
     sf.close()
     assert read_state(path) == [bound("keep", 3)]
-    assert len(path.read_bytes().splitlines()) < 700
+    assert len(path.read_bytes().splitlines()) < 70
     assert os.listdir(tmp_path) == ["state"]  # no temp file left behind
 
 
