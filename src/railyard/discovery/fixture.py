@@ -31,30 +31,52 @@ _ARPHRD_ETHER, _ARPHRD_INFINIBAND = 1, 32
 
 
 class _Tree:
-    """Writes files, folders and relative symlinks below one output folder."""
+    """Writes files, folders and relative symlinks below one output folder.
+
+    Remembers the folders it made: a 1,000-VF tree has 50,000 entries, and asking the file
+    system again for each parent doubled the writing time.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = str(root)
+        self._made: set[str] = {self.root}
 
     def abs(self, rel: str) -> str:
         return os.path.join(self.root, rel)
 
+    def made(self, rel: str) -> bool:
+        return self.abs(rel) in self._made
+
+    def mkdir(self, path: str) -> None:
+        if path not in self._made:
+            os.makedirs(path, exist_ok=True)
+            self._made.add(path)
+
+    def _write(self, path: str, text: str) -> None:
+        data = (text if text.endswith("\n") or not text else text + "\n").encode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
     def file(self, rel: str, text: str) -> None:
         path = self.abs(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text if text.endswith("\n") or not text else text + "\n")
+        self.mkdir(os.path.dirname(path))
+        self._write(path, text)
 
     def files(self, folder: str, values: dict[str, str]) -> None:
-        os.makedirs(self.abs(folder), exist_ok=True)
+        base = self.abs(folder)
+        self.mkdir(base)
         for name, text in values.items():
-            self.file(f"{folder}/{name}", text)
+            self._write(f"{base}/{name}", text)
 
     def link(self, rel_link: str, rel_target: str) -> None:
         """A symlink relative to the link's own folder, as sysfs makes them."""
         link = self.abs(rel_link)
-        os.makedirs(os.path.dirname(link), exist_ok=True)
-        os.symlink(os.path.relpath(self.abs(rel_target), os.path.dirname(link)), link)
+        parent = os.path.dirname(link)
+        self.mkdir(parent)
+        os.symlink(os.path.relpath(self.abs(rel_target), parent), link)
 
 
 def write_fixture(spec: ProfileSpec, outdir: str | os.PathLike[str],
@@ -202,7 +224,7 @@ class _Writer:
 
     def _bind(self, folder: str, address: str, driver: str) -> None:
         drivers = f"sys/bus/pci/drivers/{driver}"
-        if not os.path.isdir(self.t.abs(drivers)):
+        if not self.t.made(drivers):
             self.t.files(drivers, {"bind": "", "unbind": "", "new_id": "", "remove_id": ""})
         self.t.link(f"{folder}/driver", drivers)
         self.t.link(f"{drivers}/{address}", folder)

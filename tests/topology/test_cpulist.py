@@ -1,0 +1,41 @@
+"""Kernel CPU lists: parsing and formatting are inverse, and bad input names the element."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from railyard.topology.cpus import format_cpulist, parse_cpulist
+
+cpu_sets = st.sets(st.integers(min_value=0, max_value=1023), max_size=300)
+
+
+@given(cpu_sets)
+def test_formatting_then_parsing_gives_back_the_set(cpus: set[int]) -> None:
+    assert parse_cpulist(format_cpulist(cpus)) == sorted(cpus)
+
+
+@given(cpu_sets)
+def test_formatted_list_is_canonical(cpus: set[int]) -> None:
+    text = format_cpulist(cpus)
+    assert format_cpulist(parse_cpulist(text)) == text
+
+
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(0, 40)), max_size=20))
+def test_any_kernel_style_list_parses_to_its_cpus(ranges: list[tuple[int, int]]) -> None:
+    parts = [f"{lo}-{lo + n}" if n else str(lo) for lo, n in ranges]
+    expected = sorted({c for lo, n in ranges for c in range(lo, lo + n + 1)})
+    assert parse_cpulist(",".join(parts) + "\n") == expected
+
+
+def test_real_shapes() -> None:
+    assert parse_cpulist("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpulist("") == []
+    assert format_cpulist(list(range(56)) + list(range(112, 168))) == "0-55,112-167"
+
+
+@pytest.mark.parametrize("bad", ["x", "3-1", "1-", "-1", "1,,2", "0-a"])
+def test_bad_element_is_named(bad: str) -> None:
+    with pytest.raises(ValueError, match="bad CPU list element"):
+        parse_cpulist(bad)
