@@ -85,6 +85,17 @@ def test_stranded_nics_are_free_vfs_without_a_free_gpu_within_pxb():
     assert states["freeGpusWithoutGdrNic"] == 0
 
 
+def test_a_full_node_strands_nothing():
+    topologies = list(cluster_from_spec("hgx-h100-4nic:1"))
+    policy = BestFitPolicy(topologies, 0)
+    t = topologies[0]
+    policy.ledgers()[t.node].add("odd", make_allocation(t.node, list(t.gpus[1::2]), []))
+    assert nic_states(topologies, policy.ledgers())["strandedNics"] == 0  # GPUs 0,2,4,6 free
+    policy.ledgers()[t.node].add("even", make_allocation(t.node, list(t.gpus[0::2]), []))
+    states = nic_states(topologies, policy.ledgers())
+    assert states["strandedNics"] == 0 and states["freeVfs"] == 32
+
+
 def test_heatmap_cells_say_free_no_nic_or_pair_class():
     topologies = list(cluster_from_spec("dgx-h100:1"))
     arrivals = [arrival(0, 2, 2), arrival(1, 1, 0, "plain")]

@@ -41,11 +41,16 @@ class PolicyMetrics:
     multi_efficiency: list[float] = field(default_factory=list)
     rdma_efficiency: list[float] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
-    curve: list[tuple[float, float]] = field(default_factory=list)  # (arrived, allocated) / GPUs
+    # Per arrival: (requested GPUs / cluster GPUs, allocated GPUs / cluster GPUs,
+    # GDR-capable multi-GPU pods so far)
+    curve: list[tuple[float, float, int]] = field(default_factory=list)
+    first_failure_at: int | None = None  # index into the arrivals
     judged: dict[str, list[JudgedPair]] = field(default_factory=dict)  # uid -> pairs
     failures: Counter = field(default_factory=Counter)  # kind -> count
     end: dict[str, int] = field(default_factory=dict)  # end-of-run NIC and GPU states
-    full_load: dict[str, float] = field(default_factory=dict)  # when arrivals reach 100%
+    # "atHalfLoad"/"atFullLoad" -> state when requested GPUs first reached 50%/100% of the
+    # cluster's (the FGD paper reports allocation at 100% arrived load)
+    snapshots: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def record(self, arrival: Arrival, result: object, topology: NodeTopology | None,
                latency_s: float) -> None:
@@ -75,19 +80,20 @@ class PolicyMetrics:
             self.failures[arrival.kind] += 1
             if self.first_failure_ratio is None:
                 self.first_failure_ratio = self.allocated_gpus / self.cluster_gpus
+                self.first_failure_at = self.arrived - 1
         self.curve.append((self.arrived_gpus / self.cluster_gpus,
-                           self.allocated_gpus / self.cluster_gpus))
+                           self.allocated_gpus / self.cluster_gpus, self.multi_gdr))
 
     @property
-    def reached_full_load(self) -> bool:
-        return self.arrived_gpus >= self.cluster_gpus
+    def arrived_load(self) -> float:
+        return self.arrived_gpus / self.cluster_gpus
 
-    def snapshot_full_load(self, topologies: Sequence[NodeTopology],
-                           ledgers: Mapping[str, Ledger]) -> None:
-        """The state when requested GPUs first reach the cluster's GPUs (FGD's 100% load):
-        the cluster is not yet full, so stranded NICs and allocation still differ."""
+    def snapshot(self, key: str, topologies: Sequence[NodeTopology],
+                 ledgers: Mapping[str, Ledger]) -> None:
+        """Allocation and NIC states now, under `key`: at equal arrived load the policies
+        still differ in what they stranded (at the end of a 130% run the cluster is full)."""
         states = nic_states(topologies, ledgers)
-        self.full_load = {
+        self.snapshots[key] = {
             "gpuAllocationRatio": round(self.gpu_allocation_ratio, 6),
             "strandedVfs": states["strandedVfs"],
             "strandedNics": states["strandedNics"],
@@ -129,7 +135,7 @@ class PolicyMetrics:
             "networkEfficiencyRdmaPods": _mean(self.rdma_efficiency),
             "maxDistanceViolations": self.limit_violations,
             **self.end,
-            "atFullLoad": dict(self.full_load),
+            **{k: dict(v) for k, v in self.snapshots.items()},
         }
         if with_latency:
             out["decisionLatencyP50Ms"] = round(1000 * _quantile(self.latencies_s, 0.50), 4)
@@ -139,8 +145,13 @@ class PolicyMetrics:
 
 def nic_states(topologies: Sequence[NodeTopology],
                ledgers: Mapping[str, Ledger]) -> dict[str, int]:
-    """Stranded VFs and NICs (free VFs of a PF with no free GPU within PXB) and free GPUs
-    without a GDR-capable NIC left (no PF within PXB with a free VF)."""
+    """Stranded VFs and NICs, and free GPUs without a GDR-capable NIC left.
+
+    A NIC (PF) is stranded when it has free VFs, its node still has free GPUs, and none of
+    them is within PXB of it: the node's remaining GPUs cannot use it with GPUDirect RDMA.
+    On a full node nothing is stranded (no GPU is left to pair), so a well-packed cluster is
+    not penalised for being full.
+    """
     stranded_vfs = stranded_nics = free_vfs = unaligned_gpus = free_gpus = 0
     for t in topologies:
         led = ledgers[t.node]
@@ -151,7 +162,7 @@ def nic_states(topologies: Sequence[NodeTopology],
                    and n.pci_address not in led.used_pfs}
         for pf, free in pf_free.items():
             free_vfs += free
-            if free and not any(t.distance[g][pf] <= GDR_LIMIT for g in free_g):
+            if free and free_g and not any(t.distance[g][pf] <= GDR_LIMIT for g in free_g):
                 stranded_vfs += free
                 stranded_nics += 1
         for g in free_g:

@@ -77,7 +77,7 @@ def _pct(x: float | None) -> str:
 TABLE_COLUMNS = (
     "policy", "pods placed", "GPU alloc. at 1st failure", "at 100% load", "at end",
     "multi-GPU placed", "GDR-capable multi-GPU", "est. collective eff.",
-    "pairs PIX/PXB/PHB/NODE/SYS", "stranded NICs (100% load)", "latency p50 / p99 ms",
+    "pairs PIX/PXB/PHB/NODE/SYS", "stranded NICs at 50% / 100% load", "latency p50 / p99 ms",
 )
 
 
@@ -92,14 +92,15 @@ def table_rows(result: SimResult) -> list[list[str]]:
             name,
             f"{m['podsPlaced']}/{m['podsArrived']}",
             _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "no failure",
-            _pct(m["atFullLoad"].get("gpuAllocationRatio")),
+            _pct(m.get("atFullLoad", {}).get("gpuAllocationRatio")),
             _pct(m["gpuAllocationRatio"]),
             f"{m['multiGpuPodsPlaced']}/{m['multiGpuPodsArrived']}",
             f"{m['gdrCapableMultiGpuPods']}/{m['multiGpuPodsArrived']} "
             f"({_pct(m['gdrCapablePodShare'])})",
             "–" if eff is None else f"{eff:.2f}",
             "/".join(str(pairs[d.name]) for d in Distance),
-            str(m["atFullLoad"].get("strandedNics", "–")),
+            f"{m.get('atHalfLoad', {}).get('strandedNics', '–')} / "
+            f"{m.get('atFullLoad', {}).get('strandedNics', '–')}",
             f"{m['decisionLatencyP50Ms']:.2f} / {m['decisionLatencyP99Ms']:.2f}",
         ])
     return rows
@@ -120,12 +121,16 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
     def pairs(m: dict, ds: tuple[Distance, ...]) -> str:
         return "/".join(str(m["pairsByDistance"][d.name]) for d in ds)
 
+    def at(key: str, metric: str, fmt=str):
+        return lambda m: fmt(m[key][metric]) if key in m else "–"
+
     return [
         row("pods placed", lambda m: f"{m['podsPlaced']}/{m['podsArrived']}"),
-        row("GPU alloc. at 1st failure",
+        row("GPU allocation ratio", lambda m: ""),
+        row("  at 1st failure",
             lambda m: _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "none"),
-        row("GPU alloc. at 100% load", lambda m: _pct(m["atFullLoad"].get("gpuAllocationRatio"))),
-        row("GPU alloc. at end", lambda m: _pct(m["gpuAllocationRatio"])),
+        row("  at 100% load", at("atFullLoad", "gpuAllocationRatio", _pct)),
+        row("  at end", lambda m: _pct(m["gpuAllocationRatio"])),
         row("multi-GPU pods placed",
             lambda m: f"{m['multiGpuPodsPlaced']}/{m['multiGpuPodsArrived']}"),
         row("  GDR-capable (≤ PXB)",
@@ -134,8 +139,9 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
         row("pairs PIX/PXB", lambda m: pairs(m, (Distance.PIX, Distance.PXB))),
         row("pairs PHB/NODE/SYS",
             lambda m: pairs(m, (Distance.PHB, Distance.NODE, Distance.SYS))),
-        row("stranded NICs, 100% load",
-            lambda m: str(m["atFullLoad"].get("strandedNics", "–"))),
+        row("stranded NICs", lambda m: ""),
+        row("  at 50% load", at("atHalfLoad", "strandedNics")),
+        row("  at 100% load", at("atFullLoad", "strandedNics")),
         row("latency p50 ms", lambda m: f"{m['decisionLatencyP50Ms']:.2f}"),
         row("latency p99 ms", lambda m: f"{m['decisionLatencyP99Ms']:.2f}"),
     ]
@@ -157,35 +163,52 @@ FOOTNOTES = (
 
 
 def chart_allocation(result: SimResult, path: Path) -> None:
-    """GPU allocation ratio as load grows, with each policy's first failure marked."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.6), dpi=DPI)
+    """GPU allocation ratio and GDR-capable training pods as load grows; each policy's first
+    failure marked."""
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), dpi=DPI,
+                                  gridspec_kw={"width_ratios": [1.35, 1]})
     top = max((r.metrics.curve[-1][0] for r in result.results.values() if r.metrics.curve),
               default=1.3)
     ax.plot([0, 1], [0, 1], color="#cccccc", lw=1, ls=":", zorder=1)
-    ax.axvline(1.0, color="#bbbbbb", lw=0.8, ls="--", zorder=1)
-    ax.text(1.0, 0.03, " 100% load", color="#888888", fontsize=8, va="bottom")
+    for a, y in ((ax, 0.02), (ax2, 0.985)):  # where the label crosses no curve
+        a.axvline(1.0, color="#bbbbbb", lw=0.8, ls="--", zorder=1)
+        a.text(1.0, y, " 100% load", color="#888888", fontsize=8,
+               va="bottom" if y < 0.5 else "top", transform=a.get_xaxis_transform())
     for name, r in result.results.items():
-        xs = [0.0] + [x for x, _ in r.metrics.curve]
-        ys = [0.0] + [y for _, y in r.metrics.curve]
-        lw = 2.4 if name == "railyard" else 1.5
-        ax.plot(xs, ys, color=_colour(name), lw=lw, label=name, zorder=3 if
-                name == "railyard" else 2)
-        ff = r.metrics.first_failure_ratio
-        if ff is not None:
-            k = next(i for i, (_, y) in enumerate(r.metrics.curve) if y >= ff - 1e-12)
-            ax.plot([r.metrics.curve[k][0]], [ff], marker="o", ms=6, mfc="white",
+        curve = r.metrics.curve
+        xs = [0.0] + [c[0] for c in curve]
+        mine = name == "railyard"
+        # Railyard drawn wide and underneath, so a baseline on the same line stays visible.
+        style = {"color": _colour(name), "lw": 3.4 if mine else 1.5, "zorder": 2 if mine else 3,
+                 "alpha": 0.9 if mine else 1.0, "label": name}
+        ax.plot(xs, [0.0] + [c[1] for c in curve], **style)
+        ax2.plot(xs, [0] + [c[2] for c in curve], drawstyle="steps-post", **style)
+        k = r.metrics.first_failure_at
+        if k is not None:
+            ax.plot([curve[k][0]], [curve[k][1]], marker="o", ms=6.5, mfc="white",
                     mec=_colour(name), mew=1.8, zorder=4)
     ax.set_xlim(0, top * 1.01)
     ax.set_ylim(0, 1.04)
     ax.set_xlabel("GPUs requested so far / cluster GPUs (arrived load)")
     ax.set_ylabel("GPUs allocated / cluster GPUs")
-    ax.set_title("GPU allocation as load grows  (○ = the policy's first unplaceable pod)",
-                 fontsize=11, loc="left")
+    ax.set_title("GPU allocation as load grows  (○ first unplaceable pod)", fontsize=10.5,
+                 loc="left")
     ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
     ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
-    ax.grid(alpha=0.25)
     ax.legend(loc="upper left", frameon=False, fontsize=9)
-    _despine(ax)
+    multi = max((r.metrics.multi_arrived for r in result.results.values()), default=0)
+    ax2.set_xlim(0, top * 1.01)
+    ax2.set_ylim(0, max(multi, 1) * 1.05)
+    ax2.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax2.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax2.set_xlabel("arrived load")
+    ax2.set_ylabel("multi-GPU pods with every pair ≤ PXB, so far")
+    ax2.set_title(f"GDR-capable training pods (of {multi} arriving)", fontsize=10.5,
+                  loc="left")
+    for a in (ax, ax2):
+        a.grid(alpha=0.25)
+        _despine(a)
+    fig.tight_layout()
     _save(fig, path)
 
 
@@ -317,7 +340,7 @@ def _save(fig, path: Path) -> None:
 
 
 CHARTS = (
-    ("allocation.png", chart_allocation, "GPU allocation ratio as load grows"),
+    ("allocation.png", chart_allocation, "Allocation and GDR-capable training pods as load grows"),
     ("pairs.png", chart_pairs, "Pairs by distance class, and multi-GPU pods"),
     ("heatmap.png", chart_heatmap, "A sample of nodes at 100% load"),
 )
@@ -430,7 +453,8 @@ else "No hard <code>maxDistance</code> (run with --strict to add PXB to training
 port). Sources: GPUDirect RDMA up to PXB (NCCL_NET_GDR_LEVEL); ~16 vs ~24 GB/s for a
 CPU-attached NIC; "~half the performance" without GDR; a cross-NUMA setup halved bus bandwidth
 (see docs/simulator.md). Other pods' traffic is not modelled.</li>
-<li>Stranded NICs: PFs with free VFs but no free GPU within PXB, counted when arrivals reach
+<li>Stranded NICs: PFs with free VFs on a node that still has free GPUs, none of them within
+PXB (those GPUs cannot use the NIC with GPUDirect RDMA); counted when arrivals reach 50% and
 100% of the cluster's GPUs (at the end of a 130% run the cluster is usually full).</li>
 {notes}
 </ul>

@@ -19,6 +19,9 @@ DEFAULT_POLICIES = ("railyard", "random", "numa", "koordinator", "best-fit")
 # Also accepted: the extender's allocator with spread packing, for comparison.
 EXTRA_POLICIES = ("railyard-spread",)
 HEATMAP_NODES = 12
+# Snapshots taken when the requested GPUs first reach these shares of the cluster's GPUs.
+SNAPSHOT_LOADS = {"atHalfLoad": 0.5, "atFullLoad": 1.0}
+HEATMAP_SNAPSHOT = "atFullLoad"
 
 
 class PolicyError(ValueError):
@@ -104,17 +107,17 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
             result = policy.place(arrival.uid, arrival.request)
             dt = clock() - t0
             topo = by_name.get(getattr(result, "node", ""))
-            full = m.reached_full_load
             m.record(arrival, result, topo, dt)
-            if not full and m.reached_full_load:
-                ledgers = policy.ledgers()
-                m.snapshot_full_load(topologies, ledgers)
-                heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
+            for key, load in SNAPSHOT_LOADS.items():
+                if key not in m.snapshots and m.arrived_load >= load:
+                    ledgers = policy.ledgers()
+                    m.snapshot(key, topologies, ledgers)
+                    if key == HEATMAP_SNAPSHOT:
+                        heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
             if progress is not None:
                 progress(name)
         ledgers = policy.ledgers()
-        if not m.full_load:  # a run with load < 100%: its end stands in
-            m.snapshot_full_load(topologies, ledgers)
+        if HEATMAP_SNAPSHOT not in m.snapshots:  # a run with load < 100%: its end stands in
             heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
         m.finish(topologies, ledgers)
         results[name] = PolicyResult(m, heat)
