@@ -71,7 +71,12 @@ def test_filter_asks_the_allocator_once_per_shape_and_free_state():
     s.bind("p", "ml", "p", "dgx-h100-007", gpu_vf(2))
     alloc.allocate_calls = 0
     out = s.filter(gpu_vf(2), names)
-    assert alloc.allocate_calls == 3 and len(out.fits) == 100
+    assert alloc.allocate_calls == 1 and len(out.fits) == 100  # only the new free state
+    s.filter(gpu_vf(2), names)
+    assert alloc.allocate_calls == 1  # answers are kept per group and request shape
+    s.filter(gpu_vf(1), names)
+    assert alloc.allocate_calls == 4
+    s.scores(gpu_vf(2), names)
     s.scores(gpu_vf(2), names)
     assert alloc.score_calls == 3
 

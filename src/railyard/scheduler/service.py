@@ -243,7 +243,7 @@ class Extender:
         error = await self._write(pod, who, rollback=True)
         if not error:
             self.metrics.allocations.inc()
-            self.metrics.pods.set(len(self.state.pods()))
+            self.metrics.pods.set(self.state.pod_count())
         return error
 
     async def _write(self, pod: BoundPod, who: str, *, rollback: bool) -> str:
@@ -325,7 +325,7 @@ class Extender:
                     log.warning("recording the release of %s failed: %s", uid, e)
                     return _json({"error": f"recording the release failed: {e}"}, 503)
             self.state.release(uid)
-            self.metrics.pods.set(len(self.state.pods()))
+            self.metrics.pods.set(self.state.pod_count())
             return _json({"released": pod_to_json(pod)})
         finally:
             self.metrics.latency["release"].observe(time.perf_counter() - t0)

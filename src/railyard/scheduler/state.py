@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
@@ -24,6 +24,10 @@ from railyard.allocation.shape import offer_key, port_usable, vf_allocatable
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
+
+# Answers kept per group; a group sees few request shapes, so this is rarely reached.
+_ANSWERS_PER_GROUP = 256
+_MISSING = object()
 
 # Preemption tries every subset of the candidate holders up to this many allocator calls,
 # then falls back to kube-scheduler's own method (remove all, reprieve one by one).
@@ -50,12 +54,19 @@ class FilterOutcome:
 
 class _Group:
     """Identity of (hardware shape, free-state signature). Nodes hold a reference, so
-    grouping a name costs a hash of this object, not of the nested signature tuple."""
+    grouping a name costs a hash of this object, not of the nested signature tuple.
 
-    __slots__ = ("__weakref__", "key")
+    `answers` keeps the allocator's verdicts and scores for this group by request shape:
+    the allocator memoises by the same key, but reaching its memo costs a signature
+    computation per call; reaching this one costs a dict lookup.
+    """
+
+    __slots__ = ("__weakref__", "answers", "key", "shape")
 
     def __init__(self, key: tuple) -> None:
         self.key = key
+        self.shape: int = key[0]
+        self.answers: dict[tuple, Infeasible | int | None] = {}
 
 
 class _Node:
@@ -108,7 +119,11 @@ class ClusterState:
             self._nodes[t.node] = _Node(t, *known)
         self._keep = list(self._nodes.values())  # topologies stay alive: ids above stay valid
         self._groups: weakref.WeakValueDictionary[tuple, _Group] = weakref.WeakValueDictionary()
-        self._empty = [self._intern((s, Ledger(self._any_of_shape(s)).signature(), ()))
+        # One topology object per shape answers for all nodes of that shape: the allocator
+        # builds its search view once per topology object (milliseconds each).
+        self._canon = [self._any_of_shape(s) for s in range(len(shapes))]
+        self._blank = [Ledger(t) for t in self._canon]  # never changed: the empty node
+        self._empty = [self._intern((s, self._blank[s].signature(), ()))
                        for s in range(len(shapes))]
         self._pods: dict[str, BoundPod] = {}
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
@@ -137,6 +152,9 @@ class ClusterState:
 
     def ledger(self, name: str) -> Ledger:
         return self._ledger(self._nodes[name])
+
+    def pod_count(self) -> int:
+        return len(self._pods)
 
     def pods(self) -> list[BoundPod]:
         with self._pods_lock:
@@ -175,13 +193,19 @@ class ClusterState:
         """Names by group, and each name's group (None: unknown node) in input order."""
         groups: dict[_Group, list[str]] = {}
         of_name: list[_Group | None] = []
-        nodes = self._nodes
+        nodes, empty = self._nodes, self._empty
         for name in names:
             node = nodes.get(name)
             if node is None:
                 of_name.append(None)
                 continue
-            g = self._group_of(node)
+            led = node.ledger
+            if led is None:
+                g = empty[node.shape]
+            elif node.generation == led.generation and node.group is not None:
+                g = node.group
+            else:
+                g = self._group_of(node)
             of_name.append(g)
             members = groups.get(g)
             if members is None:
@@ -189,6 +213,27 @@ class ClusterState:
             else:
                 members.append(name)
         return groups, of_name
+
+    def _answer(self, g: _Group, member: str, request: Request, score: bool) -> Any:
+        """The allocator's verdict (None: fits, else Infeasible) or score for a group."""
+        key = (score, request.shape)
+        hit = g.answers.get(key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+        node = self._nodes[member]
+        topology = self._canon[g.shape]
+        with node.lock:
+            ledger = node.ledger if node.ledger is not None else self._blank[g.shape]
+            if score:
+                answer: Any = max(0, min(10, int(
+                    self.allocator.node_score(topology, ledger, request))))
+            else:
+                result = self.allocator.allocate(topology, ledger, request)
+                answer = result if isinstance(result, Infeasible) else None
+        if len(g.answers) >= _ANSWERS_PER_GROUP:
+            g.answers.clear()
+        g.answers[key] = answer
+        return answer
 
     # ------------------------------------------------------------------ questions
 
@@ -200,20 +245,17 @@ class ClusterState:
             out.fits = names  # none of our resources: not ours to judge
             return out
         groups, of_name = self._grouped(names)
-        verdicts: dict[_Group, Infeasible | None] = {}
-        for g, members in groups.items():
-            node = self._nodes[members[0]]
-            with node.lock:
-                result = self.allocator.allocate(node.topology, self._ledger(node), request)
-            verdicts[g] = result if isinstance(result, Infeasible) else None
+        verdicts = {g: self._answer(g, members[0], request, False)
+                    for g, members in groups.items()}
         # Answer in the caller's order: kube-scheduler does not care, people reading do.
+        fits = out.fits
         for name, g in zip(names, of_name, strict=True):
             if g is None:
                 out.unresolvable[name] = unknown_node_reason(name)
                 continue
             verdict = verdicts[g]
             if verdict is None:
-                out.fits.append(name)
+                fits.append(name)
             elif verdict.unresolvable:
                 out.unresolvable[name] = verdict.reason
             else:
@@ -227,11 +269,8 @@ class ClusterState:
             return dict.fromkeys(names, 0)
         groups, _ = self._grouped(names)
         out = dict.fromkeys(names, 0)
-        for members in groups.values():
-            node = self._nodes[members[0]]
-            with node.lock:
-                score = self.allocator.node_score(node.topology, self._ledger(node), request)
-            score = max(0, min(10, int(score)))
+        for g, members in groups.items():
+            score = self._answer(g, members[0], request, True)
             for name in members:
                 out[name] = score
         return out
