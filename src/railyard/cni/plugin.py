@@ -599,7 +599,8 @@ class Plugin:
                     exe = self.ipam.find(ifc.ipam["type"], call.path)
                     self.ipam.check(exe, d.ipam_version, conf.raw, ifc.ipam,
                                     IpamCall(call.container_id, call.netns, d.ifname,
-                                             call.args_text, call.path), None)
+                                             call.args_text, call.path),
+                                    d.ipam_result)  # its own ADD result, in its own version
         return None
 
     def _gc(self, call: Call, conf: NetConf) -> None:
