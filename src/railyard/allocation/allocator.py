@@ -1,0 +1,225 @@
+"""The joint allocator: GPUs, RDMA VFs/PFs, CPUs and memory on one node, with GPU↔NIC pairs.
+
+`Allocator.allocate` minimises the key of ARCHITECTURE.md exactly (`allocation.search`) and
+turns the abstract answer into devices: the lowest free VF index of each chosen PF and the
+lowest free CPUs of each chosen NUMA node. Answers are memoised by (node shape, free-state
+signature, request shape): thousands of nodes share a few signatures, so a cluster-wide
+filter searches each signature once. `node_score` ranks nodes for the extender.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from railyard.allocation.explain import explain
+from railyard.allocation.ledger import Ledger
+from railyard.allocation.request import Request
+from railyard.allocation.search import Choice, Spec, search
+from railyard.allocation.shape import (
+    NodeShape,
+    ShapeCaches,
+    build_shape,
+    empty_state,
+    free_state,
+)
+from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Pair
+from railyard.topology.cpus import format_cpulist
+from railyard.topology.model import Distance, NodeTopology
+
+Packing = Literal["binpack", "spread"]
+_EMPTY_SIGNATURE: tuple = ((), (), (), (), ())
+_MEMO_LIMIT = 1 << 16
+_SHAPE_LIMIT = 1 << 14
+
+
+class Allocator:
+    """Exact joint allocation with a memo; one per extender, simulator or agent.
+
+    `packing` orders nodes that the key cannot tell apart: `binpack` prefers nodes already in
+    use (keeps whole nodes free for large pods), `spread` prefers idle ones.
+    """
+
+    def __init__(self, packing: Packing = "binpack") -> None:
+        if packing not in ("binpack", "spread"):
+            raise ValueError(f"packing must be 'binpack' or 'spread', got {packing!r}")
+        self.packing = packing
+        # id(topology) -> its shape; the shape holds the topology, so the id stays valid.
+        self._shapes: dict[int, NodeShape] = {}
+        self._shape_ids: dict[tuple, int] = {}  # full shape key -> small int for memo keys
+        self._caches: dict[tuple, ShapeCaches] = {}
+        self._memo: dict[tuple, Choice | Infeasible] = {}
+        self._scores: dict[tuple, int] = {}
+
+    # ------------------------------------------------------------------ public
+
+    def allocate(self, topology: NodeTopology, ledger: Ledger,
+                 request: Request) -> Allocation | Infeasible:
+        """The best allocation for `request` on this node now, or why there is none."""
+        shape = self.shape(topology)
+        decided = self._decide(shape, ledger, request)
+        if isinstance(decided, Infeasible):
+            return decided
+        return _concrete(shape, ledger, request, decided)
+
+    def node_score(self, topology: NodeTopology, ledger: Ledger, request: Request) -> int:
+        """0 when infeasible, else 1–10: tiers of the key, then packing (docs/allocation.md).
+
+        Tiers: 5 = no pair worse than PIX and as good as on the empty node (worst and summed
+        distance, NUMA span, crowding), 4 = PIX but worse than empty, 3/2 = the same for
+        PXB, 1 = a pair beyond PXB (no GPUDirect RDMA). Score = 2·tier − 1 + packing bit.
+        """
+        shape = self.shape(topology)
+        sig = ledger.signature()
+        key = (shape.id, sig, request.shape, _odd_used(shape, ledger))
+        score = self._scores.get(key)
+        if score is not None:
+            return score
+        decided = self._decide(shape, ledger, request, sig)
+        if isinstance(decided, Infeasible):
+            score = 0
+        else:
+            ideal = self._decide(shape, None, request)
+            same = not isinstance(ideal, Infeasible) and decided.key[:5] == ideal.key[:5]
+            worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
+            if worst <= Distance.PIX:
+                tier = 5 if same else 4
+            elif worst <= Distance.PXB:
+                tier = 3 if same else 2
+            else:
+                tier = 1
+            in_use = any(sig)
+            bit = in_use if self.packing == "binpack" else not in_use
+            score = 2 * tier - 1 + int(bit)
+        if len(self._scores) >= _MEMO_LIMIT:
+            self._scores.clear()
+        self._scores[key] = score
+        return score
+
+    def choose(self, topology: NodeTopology, ledger: Ledger | None,
+               request: Request) -> Choice | Infeasible:
+        """The abstract decision (memoised): for tests, benchmarks and curious callers."""
+        return self._decide(self.shape(topology), ledger, request)
+
+    def shape(self, topology: NodeTopology) -> NodeShape:
+        """The search view of a topology, built once per topology object."""
+        shape = self._shapes.get(id(topology))
+        if shape is None or shape.topology is not topology:
+            if len(self._shapes) >= _SHAPE_LIMIT:
+                self._shapes.clear()
+            shape = build_shape(topology, self._caches, self._shape_ids)
+            self._shapes[id(topology)] = shape
+        return shape
+
+    # ------------------------------------------------------------------ memo
+
+    def _decide(self, shape: NodeShape, ledger: Ledger | None, request: Request,
+                sig: tuple | None = None) -> Choice | Infeasible:
+        if ledger is None:
+            sig, odd = _EMPTY_SIGNATURE, ()
+        else:
+            if sig is None:
+                sig = ledger.signature()
+            odd = _odd_used(shape, ledger)
+        key = (shape.id, sig, request.shape, odd)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        free = empty_state(shape) if ledger is None else free_state(shape, ledger, sig)
+        found = search(shape, free, request)
+        if found is None:
+            empty = free if ledger is None else empty_state(shape)
+            unresolvable = ledger is None or search(shape, empty, request) is None
+            hit = Infeasible(explain(shape, empty if unresolvable else free, request),
+                             unresolvable=unresolvable)
+        else:
+            hit = found
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = hit
+        return hit
+
+
+def _odd_used(shape: NodeShape, ledger: Ledger) -> tuple:
+    """Used VFs that were never offered: not in the signature's counts, so in the memo key."""
+    if not shape.nonallocatable_vfs:
+        return ()
+    return tuple(sorted(v for v in ledger.used_vfs if v in shape.nonallocatable_vfs))
+
+
+def _concrete(shape: NodeShape, ledger: Ledger, request: Request, choice: Choice) -> Allocation:
+    """Devices for an abstract choice: lowest free VF index per PF, lowest free CPUs."""
+    used_vfs = ledger.used_vfs
+    instances: dict[int, list[NicRef]] = {}
+    for j, t in enumerate(choice.vf_counts):
+        if t:
+            got = instances[j] = []
+            for address, ref in shape.vf_refs[j]:
+                if address not in used_vfs:
+                    got.append(ref)
+                    if len(got) == t:
+                        break
+    for j in choice.whole:
+        instances[j] = [shape.pf_refs[j]]
+
+    # GPUs served by each PF, in GPU order; spread over its instances as evenly as possible
+    # (one-to-one: one GPU each, extra instances stay unpaired).
+    served: dict[int, list[int]] = {}
+    for pos, target in enumerate(choice.targets):
+        if target is not None:
+            served.setdefault(target[0], []).append(pos)
+    nic_at: dict[int, NicRef] = {}
+    unpaired_nics: list[NicRef] = []
+    for j, refs in instances.items():
+        positions = served.get(j)
+        if not positions:
+            unpaired_nics.extend(refs)
+            continue
+        q, r = divmod(len(positions), len(refs))
+        at = 0
+        for n, ref in enumerate(refs):
+            count = q + 1 if n < r else q
+            if count == 0:
+                unpaired_nics.append(ref)
+            for pos in positions[at:at + count]:
+                nic_at[pos] = ref
+            at += count
+
+    pairs: list[Pair] = []
+    lone_gpus: list[GpuRef] = []
+    for pos, i in enumerate(choice.gpus):
+        ref = nic_at.get(pos)
+        if ref is None:
+            lone_gpus.append(shape.gpu_refs[i])
+        else:
+            target = choice.targets[pos]
+            assert target is not None
+            pairs.append(Pair(shape.gpu_refs[i], ref, shape.distances[i][target[0]]))
+
+    cpus: list[int] = []
+    if choice.cpus:
+        used_cpus = ledger.used_cpus
+        for bit, count in choice.cpus:
+            taken = 0
+            for c in shape.cpus[bit]:
+                if c not in used_cpus:
+                    cpus.append(c)
+                    taken += 1
+                    if taken == count:
+                        break
+    ids = shape.numa_ids
+    if len(unpaired_nics) > 1:
+        unpaired_nics.sort(key=lambda n: n.pci_address)
+    return Allocation(
+        node=shape.topology.node,
+        numa_nodes=tuple(ids[b] for b in range(len(ids)) if (choice.numa_mask >> b) & 1),
+        cpus=format_cpulist(cpus) if request.exclusive_cpus else None,
+        memory_bytes=tuple((ids[b], m) for b, m in choice.memory),
+        pairs=tuple(pairs),
+        nics=tuple(unpaired_nics),
+        gpus=tuple(lone_gpus),
+    )
+
+
+def allocate(topology: NodeTopology, ledger: Ledger, request: Request) -> Allocation | Infeasible:
+    """One allocation with a fresh (cold) allocator; hold an `Allocator` to reuse its memo."""
+    return Allocator().allocate(topology, ledger, request)

@@ -1,0 +1,213 @@
+"""A node's hardware as the allocator searches it: indices, bit masks and integer distances.
+
+Built once per `NodeTopology` object (its `shape_key` is expensive), then shared by every
+allocation on that node. `FreeState` is the ledger's free state in the same terms. Pure: no
+I/O; the caches here belong to the `Allocator` that built the shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from railyard.allocation.ledger import Ledger
+from railyard.allocation.types import GpuRef, NicRef
+from railyard.topology.model import GDR_LIMIT, Distance, Gpu, Nic, NodeTopology, Vf
+
+VF, WHOLE = 0, 1  # how a PF serves a pod: some of its VFs, or itself whole
+
+
+def vf_allocatable(vf: Vf) -> bool:
+    """An RDMA VF the host can hand out: not bound to vfio-pci, and still in the host view.
+
+    A VF with neither a netdev nor an RDMA device has moved into some pod's namespace; it is
+    held, whether or not the ledger knows by whom (ARCHITECTURE.md, "Allocatable devices").
+    """
+    return vf.driver != "vfio-pci" and (vf.netdev is not None or vf.rdma_device is not None)
+
+
+def port_usable(nic: Nic) -> bool:
+    """A PF whose port state is known and not ACTIVE offers nothing (no VFs, not itself)."""
+    return nic.port_state is None or nic.port_state.upper().endswith("ACTIVE")
+
+
+@dataclass(slots=True)
+class ShapeCaches:
+    """Memo tables shared by every topology object of one shape (owned by the Allocator)."""
+
+    aligned: dict[tuple[int, int], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class NodeShape:
+    """One topology in search terms. GPUs and PFs are indexed in PCI address order, so
+    comparing index tuples compares addresses (the key's last item)."""
+
+    topology: NodeTopology
+    key: tuple  # equal for nodes the allocator cannot tell apart
+    id: int  # a small stand-in for `key` in memo keys (hashing `key` costs microseconds)
+    gpus: tuple[Gpu, ...]
+    pfs: tuple[Nic, ...]
+    dist: tuple[tuple[int, ...], ...]  # [gpu][pf] distance class as an int (PIX = 0)
+    numa_ids: tuple[int, ...]  # real NUMA node ids, ascending; bit b ↔ numa_ids[b]
+    gpu_numa: tuple[int, ...]  # bit index per GPU (len(numa_ids) means "unknown")
+    pf_numa: tuple[int, ...]
+    vfs: tuple[tuple[Vf, ...], ...]  # allocatable VFs per PF, lowest vf index first
+    has_held_vfs: tuple[bool, ...]  # per PF: some VF is out of the host view
+    port_ok: tuple[bool, ...]
+    whole_static: tuple[bool, ...]  # may be taken whole when nothing of it is in use
+    aligned_adj: tuple[int, ...]  # per GPU: mask of PFs within GDR_LIMIT
+    cpus: tuple[tuple[int, ...], ...]  # per NUMA bit: CPU ids, ascending
+    memory: tuple[int, ...]  # per NUMA bit: bytes
+    nonallocatable_vfs: dict[str, int]  # VF address never offered (vfio, held) -> PF index
+    caches: ShapeCaches
+    # Ready-made record parts (immutable), so turning a choice into an Allocation is cheap.
+    gpu_refs: tuple[GpuRef, ...]
+    vf_refs: tuple[tuple[tuple[str, NicRef], ...], ...]  # per PF, like `vfs`
+    pf_refs: tuple[NicRef, ...]
+    distances: tuple[tuple[Distance, ...], ...]  # `dist` as Distance members
+
+    @property
+    def real_mask(self) -> int:
+        return (1 << len(self.numa_ids)) - 1
+
+    @property
+    def unknown_bit(self) -> int:
+        return len(self.numa_ids)
+
+
+def offer_key(topology: NodeTopology) -> tuple:
+    """What `shape_key` leaves out but the allocator depends on: which devices are offered."""
+    return tuple(
+        (n.pci_address, n.default_route, port_usable(n),
+         tuple(vf_allocatable(v) for v in n.vfs))
+        for n in topology.nics
+    )
+
+
+def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
+                ids_by_key: dict[tuple, int]) -> NodeShape:
+    key = (topology.shape_key, offer_key(topology))
+    shape_id = ids_by_key.setdefault(key, len(ids_by_key))
+    caches = caches_by_key.setdefault(key, ShapeCaches())
+    gpus = tuple(sorted(topology.gpus, key=lambda g: g.pci_address))
+    pfs = tuple(sorted(topology.nics, key=lambda n: n.pci_address))
+    numa_ids = tuple(sorted(n.id for n in topology.numa_nodes))
+    bit_of = {nid: b for b, nid in enumerate(numa_ids)}
+    unknown = len(numa_ids)
+
+    def numa_bit(numa: int | None) -> int:
+        if numa is None or numa < 0:
+            # A single-NUMA machine that does not report it (common in VMs) is that node.
+            return 0 if len(numa_ids) == 1 else unknown
+        return bit_of.get(numa, unknown)
+
+    dist = tuple(
+        tuple(int(topology.distance[g.pci_address][n.pci_address]) for n in pfs) for g in gpus
+    )
+    port_ok = tuple(port_usable(n) for n in pfs)
+    vfs = tuple(
+        tuple(sorted((v for v in n.vfs if vf_allocatable(v)), key=lambda v: v.vf_index))
+        if ok else ()
+        for n, ok in zip(pfs, port_ok, strict=True)
+    )
+    held = tuple(
+        any(v.driver != "vfio-pci" and not vf_allocatable(v) for v in n.vfs) for n in pfs
+    )
+    nonalloc = {
+        v.pci_address: j for j, (n, ok) in enumerate(zip(pfs, port_ok, strict=True))
+        for v in n.vfs if not ok or not vf_allocatable(v)
+    }
+    numa_by_id = {n.id: n for n in topology.numa_nodes}
+    return NodeShape(
+        topology=topology,
+        key=key,
+        id=shape_id,
+        gpus=gpus,
+        pfs=pfs,
+        dist=dist,
+        numa_ids=numa_ids,
+        gpu_numa=tuple(numa_bit(g.numa_node) for g in gpus),
+        pf_numa=tuple(numa_bit(n.numa_node) for n in pfs),
+        vfs=vfs,
+        has_held_vfs=held,
+        port_ok=port_ok,
+        whole_static=tuple(ok and not n.default_route for n, ok in zip(pfs, port_ok,
+                                                                        strict=True)),
+        aligned_adj=tuple(
+            sum(1 << j for j, d in enumerate(row) if d <= GDR_LIMIT) for row in dist
+        ),
+        cpus=tuple(tuple(sorted(numa_by_id[i].cpu_ids)) for i in numa_ids),
+        memory=tuple(numa_by_id[i].memory_bytes for i in numa_ids),
+        nonallocatable_vfs=nonalloc,
+        caches=caches,
+        gpu_refs=tuple(GpuRef.of(g) for g in gpus),
+        vf_refs=tuple(tuple((v.pci_address, NicRef.of_vf(n, v)) for v in vs)
+                      for n, vs in zip(pfs, vfs, strict=True)),
+        pf_refs=tuple(NicRef.of_pf(n) for n in pfs),
+        distances=tuple(tuple(Distance(d) for d in row) for row in dist),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FreeState:
+    """What is free on the node, in the shape's indices."""
+
+    gpus: int  # mask of free GPUs
+    vfs: tuple[int, ...]  # free allocatable VFs per PF (0 when the PF is held whole)
+    whole_ok: tuple[bool, ...]  # per PF: may be taken whole now
+    cpus: tuple[int, ...]  # free CPUs per NUMA bit
+    memory: tuple[int, ...]  # free bytes per NUMA bit
+    in_use: bool  # anything at all held on the node (for packing)
+
+
+def empty_state(shape: NodeShape) -> FreeState:
+    return FreeState(
+        gpus=(1 << len(shape.gpus)) - 1,
+        vfs=tuple(len(v) for v in shape.vfs),
+        whole_ok=tuple(w and not h for w, h in zip(shape.whole_static, shape.has_held_vfs,
+                                                  strict=True)),
+        cpus=tuple(len(c) for c in shape.cpus),
+        memory=shape.memory,
+        in_use=False,
+    )
+
+
+def free_state(shape: NodeShape, ledger: Ledger, signature: Sequence) -> FreeState:
+    """The free state from a ledger and its `signature()` (already computed by the caller).
+
+    Everything read here is a function of (shape, signature, used non-allocatable VFs), which
+    is what the allocator's memo key holds.
+    """
+    used_gpus = ledger.used_gpus
+    used_pfs = ledger.used_pfs
+    gpus = 0
+    for i, g in enumerate(shape.gpus):
+        if g.pci_address not in used_gpus:
+            gpus |= 1 << i
+    vfs: list[int] = []
+    whole: list[bool] = []
+    # Used VFs that were never offered (vfio, held) do not reduce the offered count.
+    odd = [0] * len(shape.pfs)
+    if shape.nonallocatable_vfs:
+        for v in ledger.used_vfs:
+            j = shape.nonallocatable_vfs.get(v)
+            if j is not None:
+                odd[j] += 1
+    for j, n in enumerate(shape.pfs):
+        a = n.pci_address
+        used = ledger.vfs_used_on(a)
+        if a in used_pfs:
+            vfs.append(0)
+            whole.append(False)
+            continue
+        vfs.append(len(shape.vfs[j]) - (used - odd[j]))
+        whole.append(shape.whole_static[j] and used == 0 and not shape.has_held_vfs[j])
+    cpu_used = dict(signature[3])
+    mem_used = dict(signature[4])
+    cpus = tuple(len(c) - cpu_used.get(nid, 0) for nid, c in zip(shape.numa_ids, shape.cpus,
+                                                                 strict=True))
+    memory = tuple(m - mem_used.get(nid, 0) for nid, m in zip(shape.numa_ids, shape.memory,
+                                                             strict=True))
+    in_use = any(signature)
+    return FreeState(gpus, tuple(vfs), tuple(whole), cpus, memory, in_use)
