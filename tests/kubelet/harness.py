@@ -117,6 +117,7 @@ async def rig(tmp: Path, tree: Path, pods: list[dict] | None = None,
     if start_kubelet:
         await kubelet.start()
     await podres.start()
+    tmp.mkdir(parents=True, exist_ok=True)
     pods_file = tmp / "pods.json"
     write_pods(pods_file, pods or [])
     cfg = config or AgentConfig(devinfo_dir=str(tmp / "devinfo"), health_interval_s=0.1,
@@ -126,6 +127,9 @@ async def rig(tmp: Path, tree: Path, pods: list[dict] | None = None,
                                state_dir=str(state_dir or tmp / "state")),
                   PodsFile(pods_file), cfg)
     await agent.start()
+    if start_kubelet and not agent.paths.watcher_mode:
+        for ep in agent.endpoints.values():  # kubelet knows every plugin before the test
+            await kubelet.wait_registered(ep.resource)
     try:
         yield Rig(agent, kubelet_dir, kubelet, podres, pods_file, tree, tmp)
     finally:

@@ -37,7 +37,8 @@ async def test_plugins_serve_then_register_each_resource_with_preferred_allocati
 @async_test
 async def test_list_and_watch_offers_ids_with_numa_topology(tmp_path, generic_tree):
     async with rig(tmp_path, generic_tree) as r:
-        await r.kubelet.wait_registered(VF)
+        for res in (GPU, VF, PF):
+            await r.kubelet.wait_registered(res)
         gpu, vf, pf = (r.kubelet.client(x) for x in (GPU, VF, PF))
         assert await gpu.watch() == {G0: "Healthy", G1: "Healthy"}
         assert set(await vf.watch()) == set(VFS0 + VFS1)

@@ -65,6 +65,7 @@ class Agent:
         self._sync_task: asyncio.Task | None = None
         self._verify_task: asyncio.Task | None = None
         self._kubelet_back = False
+        self._dirty = False
         self._cni: object | None = None
         self.unhealthy: dict[str, str] = {}
 
@@ -117,7 +118,9 @@ class Agent:
             w = FolderWatch(folder, self._on_folder_change)
             w.start()
             self._watches.append(w)
-        await self._sync()
+        for ep in self.endpoints.values():
+            await ep.serve()
+        self._kick()  # register in the background: kubelet may not be up yet
         self._tasks += [
             asyncio.create_task(self._health_loop(), name="health"),
             asyncio.create_task(self._socket_poll(), name="socket-poll"),
@@ -139,25 +142,36 @@ class Agent:
             await ep.stop()
         if self._cni is not None:
             stop = getattr(self._cni, "stop", None) or getattr(self._cni, "close", None)
+            self._cni = None
             if stop is not None:
-                result = stop()
-                if inspect.isawaitable(result):
-                    await result
+                if inspect.iscoroutinefunction(stop):
+                    await stop()
+                else:
+                    await asyncio.to_thread(stop)  # the CNI service joins its thread
 
     async def _start_cni(self) -> None:
-        """The CNI colleague's hook: `railyard.cni.service.serve(store, topology, socket_path)`
-        may return a value or an awaitable; whatever it gives is stopped (`stop`/`close`) with
-        the agent."""
+        """Start the CNI service in-process on `--cni-socket`, over this agent's state store.
+
+        Uses `railyard.cni.service.build_plugin(...)` + `start(plugin, socket_path)` (a
+        background thread, stopped with the agent); a module offering only
+        `serve(store, topology, socket_path)` is called that way instead.
+        """
         path = self.options.cni_socket
         if not path:
             return
         try:
-            from railyard.cni import service as cni_service  # type: ignore[attr-defined]
-        except ImportError:
-            log.warning("--cni-socket %s given but railyard.cni.service is not available", path)
+            from railyard.cni import service as cni_service
+        except ImportError as e:
+            log.warning("--cni-socket %s given but the CNI service is not available: %s", path, e)
             return
-        result = cni_service.serve(self.store, self.topology, path)
-        self._cni = await result if inspect.isawaitable(result) else result
+        if hasattr(cni_service, "build_plugin") and hasattr(cni_service, "start"):
+            plugin = cni_service.build_plugin(
+                self.options.state_dir, sysfs_root=self.options.sysfs_root, store=self.store,
+                pod_resources_socket=self.paths.pod_resources_socket)
+            self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
+        else:
+            result = cni_service.serve(self.store, self.topology, path)
+            self._cni = await result if inspect.isawaitable(result) else result
         log.info("CNI service on %s", path)
 
     # ------------------------------------------------------------------ registration
@@ -170,17 +184,20 @@ class Agent:
             self._kick()
 
     def _kick(self) -> None:
+        self._dirty = True  # a running pass looks again before it ends
         if self._sync_task is None or self._sync_task.done():
             self._sync_task = asyncio.create_task(self._sync())
 
     async def _sync(self) -> None:
         """Serve every plugin whose socket is gone and register until kubelet accepts."""
         while True:
+            self._dirty = False
             back, self._kubelet_back = self._kubelet_back, False
             done = [await ep.ensure(register_again=back) for ep in self.endpoints.values()]
-            if all(done) and not self._kubelet_back:
+            if all(done) and not self._dirty and not self._kubelet_back:
                 return
-            await asyncio.sleep(RETRY_S)
+            if not all(done):
+                await asyncio.sleep(RETRY_S)
 
     async def _socket_poll(self) -> None:
         while True:

@@ -225,6 +225,7 @@ class PluginEndpoint:
         self._registration: WatcherRegistration | None = None
         self.registrations = 0  # successful Register calls (device-plugins mode)
         self.registered = False  # kubelet knows this socket (watcher mode: kubelet finds it)
+        self._failing = False
         self._lock = asyncio.Lock()
 
     @property
@@ -266,12 +267,23 @@ class PluginEndpoint:
                     timeout=REGISTER_TIMEOUT_S,
                 )
         except grpc.aio.AioRpcError as e:
-            log.warning("%s: Register with %s failed: %s", self.resource,
-                        self.paths.kubelet_socket, e.details())
+            # Once per outage: a kubelet that is down is retried every half second.
+            (log.debug if self._failing else log.warning)(
+                "%s: Register with %s failed: %s", self.resource, self.paths.kubelet_socket,
+                e.details())
+            self._failing = True
             return False
+        self._failing = False
         self.registrations += 1
         log.info("%s: registered with kubelet", self.resource)
         return True
+
+    async def serve(self) -> None:
+        """Serve (again) if not serving or our socket is gone; does not register."""
+        async with self._lock:
+            if self._server is None or not os.path.exists(self.socket_path):
+                await self._serve()
+                self.registered = self.watcher_mode
 
     async def ensure(self, *, register_again: bool = False) -> bool:
         """Serve if our socket is gone, then register unless already registered; True when
