@@ -1,0 +1,85 @@
+"""An Allocation in Koordinator's `scheduling.koordinator.sh/device-allocated` form.
+
+For clusters that also run Koordinator (shared/reference/koordinator.md): its GPU and RDMA
+lists are independent, so the pairing is lost in this form; Railyard's own record keeps it.
+Koordinator numbers an RDMA device by the N of its PF's `mlx5_N` name (-1 for any other
+driver, as koordlet does) and a GPU by its minor, which here is the GPU index. Railyard
+itself never depends on either number.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from railyard.allocation.types import Allocation, NicRef
+from railyard.records.allocation import RecordError
+from railyard.topology.model import NodeTopology
+
+GPU_CORE = "koordinator.sh/gpu-core"
+GPU_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
+RDMA = "koordinator.sh/rdma"
+# Koordinator's resource is percent-like: 100 is one whole device; a VF is counted as 1
+# (its `RequestsAsCount` strategy).
+WHOLE_DEVICE = "100"
+ONE_VF = "1"
+
+_MLX5 = re.compile(r"^mlx5_(\d+)$")
+
+
+def rdma_minor(rdma_device: str | None) -> int:
+    """N of `mlx5_N`, else -1 (Koordinator skips other vendors' numbering)."""
+    m = _MLX5.match(rdma_device or "")
+    return int(m.group(1)) if m else -1
+
+
+def _rdma_entry(nic: NicRef, topology: NodeTopology, where: str) -> dict[str, Any]:
+    try:
+        pf = topology.nic(nic.pf_pci_address)
+    except KeyError:
+        raise RecordError(f"{where}.pfPciAddress: PF {nic.pf_pci_address} is not on "
+                          f"{topology.node}") from None
+    entry: dict[str, Any] = {"minor": rdma_minor(pf.rdma_device), "id": pf.pci_address}
+    if nic.kind == "pf":
+        entry["resources"] = {RDMA: WHOLE_DEVICE}
+    else:
+        # koordlet reports VF minors as -1; the bus ID is what Multus and the runtime use.
+        entry["resources"] = {RDMA: ONE_VF}
+        entry["extension"] = {"vfs": [{"minor": -1, "busID": nic.pci_address}]}
+    return entry
+
+
+def device_allocated_to_json(a: Allocation, topology: NodeTopology) -> dict[str, Any]:
+    """`{"gpu": [...], "rdma": [...]}`: GPUs in pair order, then NICs in pair order, one
+    entry per VF (Koordinator holds one VF per PF entry) or whole PF.
+
+    Raises RecordError naming the field when a device is not on `topology`.
+    """
+    if a.node != topology.node:
+        raise RecordError(f"allocation.node: {a.node!r} is not {topology.node!r}")
+    gpus = []
+    for i, g in enumerate(a.all_gpus):
+        try:
+            gpu = topology.gpu(g.pci_address)
+        except KeyError:
+            raise RecordError(f"allocation.gpus[{i}].pciAddress: GPU {g.pci_address} is not "
+                              f"on {topology.node}") from None
+        gpus.append({
+            "minor": gpu.index,
+            "id": gpu.uuid or gpu.pci_address,
+            "resources": {GPU_CORE: WHOLE_DEVICE, GPU_MEMORY_RATIO: WHOLE_DEVICE},
+        })
+    rdma = [_rdma_entry(n, topology, f"allocation.nics[{i}]")
+            for i, n in enumerate(a.all_nics)]
+    out: dict[str, Any] = {}
+    if gpus:
+        out["gpu"] = gpus
+    if rdma:
+        out["rdma"] = rdma
+    return out
+
+
+def encode_device_allocated(a: Allocation, topology: NodeTopology) -> str:
+    """Compact JSON for the `scheduling.koordinator.sh/device-allocated` annotation."""
+    return json.dumps(device_allocated_to_json(a, topology), separators=(",", ":"))
