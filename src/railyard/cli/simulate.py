@@ -51,7 +51,7 @@ def simulate(
 
     from railyard.scheduler.cluster_file import ClusterFileError, cluster_from_spec, load_cluster
     from railyard.sim.arrivals import DemandRule, draw_arrivals
-    from railyard.sim.report import FOOTNOTES, RunInfo, console_rows, write_report
+    from railyard.sim.report import FOOTNOTES, RunInfo, console_rows, headline, write_report
     from railyard.sim.run import PolicyError, parse_policies
     from railyard.sim.run import simulate as run_simulation
     from railyard.sim.trace import TraceError, load_trace
@@ -95,6 +95,9 @@ def simulate(
     except OSError as exc:
         fail(f"cannot write the report to {output}: {exc}")
     print_table(console, result, info, console_rows(result), FOOTNOTES)
+    lead = headline(result)
+    if lead:
+        console.print(lead, highlight=False)
     # soft_wrap: the path stays on one line, whole, for copying.
     console.print(f"report: [bold]{report}[/bold]  (metrics.json and PNGs alongside)",
                   soft_wrap=True, highlight=False)

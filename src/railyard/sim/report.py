@@ -10,7 +10,6 @@ import base64
 import html
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,13 +349,13 @@ CHARTS = (
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """Write-temp-then-rename, so a reader never sees half a report (mode from the umask)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -378,7 +377,7 @@ def write_report(result: SimResult, info: RunInfo, outdir: Path) -> Path:
 
 
 def headline(result: SimResult) -> str:
-    """One sentence comparing Railyard with the best baseline, or '' without both."""
+    """Railyard against the best baseline on each headline metric, or '' without both."""
     res = result.results
     if "railyard" not in res:
         return ""
@@ -386,13 +385,19 @@ def headline(result: SimResult) -> str:
     if not base:
         return ""
     ry = res["railyard"].metrics
-    best_gdr = max(base.items(), key=lambda kv: kv[1].multi_gdr)
-    best_alloc = max(base.items(), key=lambda kv: kv[1].allocated_gpus)
+
+    def full(m) -> float:
+        return m.snapshots.get("atFullLoad", {}).get("gpuAllocationRatio", 0.0)
+
+    end_name, end_m = max(base.items(), key=lambda kv: kv[1].allocated_gpus)
+    full_name, full_m = max(base.items(), key=lambda kv: full(kv[1]))
+    gdr_name, gdr_m = max(base.items(), key=lambda kv: kv[1].multi_gdr)
     return (
-        f"Railyard placed {ry.allocated_gpus} GPUs (best baseline: {best_alloc[0]}, "
-        f"{best_alloc[1].allocated_gpus}) and made {ry.multi_gdr} of {ry.multi_arrived} "
-        f"multi-GPU pods GPUDirect-capable (best baseline: {best_gdr[0]}, "
-        f"{best_gdr[1].multi_gdr})."
+        f"Railyard allocated {ry.allocated_gpus} of {ry.cluster_gpus} GPUs at the end "
+        f"(best baseline: {end_name}, {end_m.allocated_gpus}) and {_pct(full(ry))} when "
+        f"arrivals reached 100% ({full_name}: {_pct(full(full_m))}); {ry.multi_gdr} of "
+        f"{ry.multi_arrived} multi-GPU pods got GPUDirect RDMA on every rank "
+        f"({gdr_name}: {gdr_m.multi_gdr})."
     )
 
 
@@ -424,7 +429,7 @@ def render_html(result: SimResult, info: RunInfo, images: dict[str, tuple[str, s
         for title, b64 in images.values()
     )
     factors = ", ".join(f"{d.name} {CLASS_FACTOR[d]:.2f}" for d in Distance)
-    wall = f" in {info.wall_s:.1f} s" if info.wall_s is not None else ""
+    wall = f" · simulated in {info.wall_s:.1f} s" if info.wall_s is not None else ""
     lead = headline(result)
     notes = "".join(f"<li>{esc(n)}</li>" for n in FOOTNOTES)
     return f"""<!doctype html>
