@@ -243,25 +243,25 @@ def test_missing_gpu_uuid_file_is_null_uuid_and_a_warning(h100: Path) -> None:
     assert _warning_paths(found) == [str(info)]
 
 
-def test_root_that_is_not_sysfs_is_a_sysfs_error_naming_it(tmp_path: Path) -> None:
-    (tmp_path / "etc").mkdir()
-    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+def test_root_that_is_not_sysfs_is_a_sysfs_error_naming_it(tree_dir: Path) -> None:
+    (tree_dir / "etc").mkdir()
+    (tree_dir / "hosts").write_text("127.0.0.1 localhost\n")
     with pytest.raises(SysfsError) as err:
-        discover(tmp_path)
-    assert err.value.path == str(tmp_path)
+        discover(tree_dir)
+    assert err.value.path == str(tree_dir)
     assert "not a sysfs root" in str(err.value)
 
 
-def test_missing_root_is_a_sysfs_error(tmp_path: Path) -> None:
+def test_missing_root_is_a_sysfs_error(tree_dir: Path) -> None:
     with pytest.raises(SysfsError, match="not a directory"):
-        discover(tmp_path / "nowhere")
+        discover(tree_dir / "nowhere")
 
 
-def test_sysfs_without_pci_bus_is_an_empty_inventory_with_a_warning(tmp_path: Path) -> None:
-    (tmp_path / "sys/devices/system/node/node0").mkdir(parents=True)
-    found = discover(tmp_path)
+def test_sysfs_without_pci_bus_is_an_empty_inventory_with_a_warning(tree_dir: Path) -> None:
+    (tree_dir / "sys/devices/system/node/node0").mkdir(parents=True)
+    found = discover(tree_dir)
     assert found.topology.gpus == () and found.topology.nics == ()
-    assert str(tmp_path / "sys/bus/pci/devices") in _warning_paths(found)
+    assert str(tree_dir / "sys/bus/pci/devices") in _warning_paths(found)
 
 
 # ---------------------------------------------------------------------- default route
@@ -292,11 +292,11 @@ def test_default_route_over_a_bond_marks_the_bonded_pfs(h100: Path) -> None:
 # ------------------------------------------------------------------------ other shapes
 
 
-def test_gpu_sriov_vf_is_not_a_separate_gpu(tmp_path: Path) -> None:
+def test_gpu_sriov_vf_is_not_a_separate_gpu(tree_dir: Path) -> None:
     from railyard.discovery.fixture import write_fixture
     from railyard.discovery.profiles import MI300X
 
-    root = write_fixture(MI300X, tmp_path / "root", 0)
+    root = write_fixture(MI300X, tree_dir / "root", 0)
     gpu = device_dir(root, "0000:0d:00.0")
     vf = gpu.parent / "0000:0d:00.1"
     shutil.copytree(gpu, vf, symlinks=True)

@@ -34,8 +34,8 @@ def test_profile_matrix_shows_pix_with_own_nic_and_numa_and_cpu_columns() -> Non
     assert "NIC0: mlx5_0  0000:18:00.0  ibp24s0" in result.stdout
 
 
-def test_fixture_then_discover_sysfs_root_round_trips(tmp_path: Path) -> None:
-    out = tmp_path / "tree"
+def test_fixture_then_discover_sysfs_root_round_trips(tree_dir: Path) -> None:
+    out = tree_dir / "tree"
     made = runner.invoke(app, ["fixture", "--profile", "dgx-h100", "--vfs-per-pf", "2",
                                str(out)])
     assert made.exit_code == 0, made.output
@@ -44,8 +44,8 @@ def test_fixture_then_discover_sysfs_root_round_trips(tmp_path: Path) -> None:
     assert topology_from_json(json.loads(found.stdout)) == build_topology(DGX_H100, 2)
 
 
-def test_warnings_go_to_stderr_and_the_document_still_prints(tmp_path: Path) -> None:
-    out = tmp_path / "tree"
+def test_warnings_go_to_stderr_and_the_document_still_prints(tree_dir: Path) -> None:
+    out = tree_dir / "tree"
     runner.invoke(app, ["fixture", "--profile", "generic", str(out)])
     (out / "proc/sys/kernel/hostname").unlink()
     result = subprocess.run(
@@ -73,10 +73,10 @@ def test_errors_are_one_line_without_traceback(args: list[str], message: str) ->
     assert result.stderr.startswith("railyard: error: ") and message in result.stderr
 
 
-def test_fixture_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
-    (tmp_path / "keep").write_text("")
+def test_fixture_refuses_a_folder_that_is_not_empty(tree_dir: Path) -> None:
+    (tree_dir / "keep").write_text("")
     test_errors_are_one_line_without_traceback(
-        ["fixture", "--profile", "generic", str(tmp_path)], "not an empty folder")
+        ["fixture", "--profile", "generic", str(tree_dir)], "not an empty folder")
 
 
 def test_discover_on_this_machine_does_not_fail() -> None:

@@ -15,23 +15,23 @@ from railyard.discovery.profiles import DGX_H100, PROFILES, build_topology
 @pytest.mark.parametrize("vfs_per_pf", [0, 1, 8])
 @pytest.mark.parametrize("name", sorted(PROFILES))
 def test_discovering_a_profile_tree_equals_the_profile_built_in_memory(
-    tmp_path: Path, name: str, vfs_per_pf: int
+    tree_dir: Path, name: str, vfs_per_pf: int
 ) -> None:
     spec = PROFILES[name]
-    found = discover(write_fixture(spec, tmp_path / "root", vfs_per_pf))
+    found = discover(write_fixture(spec, tree_dir / "root", vfs_per_pf))
     assert found.warnings == ()
     assert found.topology == build_topology(spec, vfs_per_pf)
 
 
 @pytest.mark.slow
-def test_over_a_thousand_vfs_are_discovered_exactly(tmp_path: Path) -> None:
-    found = discover(write_fixture(DGX_H100, tmp_path / "root", 127))
+def test_over_a_thousand_vfs_are_discovered_exactly(tree_dir: Path) -> None:
+    found = discover(write_fixture(DGX_H100, tree_dir / "root", 127))
     assert found.topology == build_topology(DGX_H100, 127)
     assert sum(len(n.vfs) for n in found.topology.nics) == 8 * 127
 
 
-def test_node_name_given_to_the_writer_is_the_discovered_node(tmp_path: Path) -> None:
-    found = discover(write_fixture(DGX_H100, tmp_path / "root", 1, node="gpu-node-17"))
+def test_node_name_given_to_the_writer_is_the_discovered_node(tree_dir: Path) -> None:
+    found = discover(write_fixture(DGX_H100, tree_dir / "root", 1, node="gpu-node-17"))
     assert found.topology == build_topology(DGX_H100, 1, node="gpu-node-17")
 
 
@@ -50,9 +50,9 @@ def _snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def test_the_same_profile_writes_the_same_tree_byte_for_byte(tmp_path: Path) -> None:
-    a = write_fixture(PROFILES["dgx-a100"], tmp_path / "a", 2)
-    b = write_fixture(PROFILES["dgx-a100"], tmp_path / "b", 2)
+def test_the_same_profile_writes_the_same_tree_byte_for_byte(tree_dir: Path) -> None:
+    a = write_fixture(PROFILES["dgx-a100"], tree_dir / "a", 2)
+    b = write_fixture(PROFILES["dgx-a100"], tree_dir / "b", 2)
     assert _snapshot(a) == _snapshot(b)
 
 
@@ -83,11 +83,11 @@ def test_tree_has_the_kernel_layout(h100: Path) -> None:
     assert (h100 / "proc/sys/kernel/hostname").read_text() == "dgx-h100\n"
 
 
-def test_writer_refuses_a_folder_that_is_not_empty(tmp_path: Path) -> None:
-    (tmp_path / "x").mkdir()
-    (tmp_path / "x" / "keep").write_text("")
+def test_writer_refuses_a_folder_that_is_not_empty(tree_dir: Path) -> None:
+    (tree_dir / "x").mkdir()
+    (tree_dir / "x" / "keep").write_text("")
     with pytest.raises(FileExistsError, match="not an empty folder"):
-        write_fixture(DGX_H100, tmp_path / "x")
+        write_fixture(DGX_H100, tree_dir / "x")
 
 
 def test_plain_ethernet_without_rdma_is_not_a_nic(h100: Path) -> None:
