@@ -1,0 +1,168 @@
+"""Why a request does not fit a node, in words a user can act on.
+
+Called only when the search found nothing. Checks the plain counts first, then relaxes one
+hard limit at a time (`maxDistance`, `numa: single`) to name the one that failed, and where.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from railyard.allocation.request import Request
+from railyard.allocation.search import Spec, search
+from railyard.allocation.shape import FreeState, NodeShape
+from railyard.topology.model import Distance
+
+_MAX_LISTED = 4
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _listed(items: list[str]) -> str:
+    if len(items) > _MAX_LISTED:
+        return "; ".join(items[:_MAX_LISTED]) + f"; and {len(items) - _MAX_LISTED} more"
+    return "; ".join(items)
+
+
+def _numa_name(shape: NodeShape, bit: int) -> str:
+    return f"NUMA {shape.numa_ids[bit]}" if bit < len(shape.numa_ids) else "unknown NUMA"
+
+
+def _why_no_vfs(shape: NodeShape, free: FreeState, ledger_pfs: list[int]) -> list[str]:
+    out = []
+    for j in ledger_pfs:
+        pf = shape.pfs[j]
+        if not shape.port_ok[j]:
+            out.append(f"PF {pf.pci_address} port {pf.port_state}")
+        elif not shape.vfs[j]:
+            out.append(f"PF {pf.pci_address} has no allocatable VFs")
+        elif free.vfs[j] == 0:
+            out.append(f"PF {pf.pci_address} exhausted")
+    return out
+
+
+def _why_not_whole(shape: NodeShape, free: FreeState) -> list[str]:
+    out = []
+    for j, pf in enumerate(shape.pfs):
+        if free.whole_ok[j]:
+            continue
+        a = pf.pci_address
+        if pf.default_route:
+            out.append(f"PF {a} carries the default route")
+        elif not shape.port_ok[j]:
+            out.append(f"PF {a} port {pf.port_state}")
+        elif shape.has_held_vfs[j]:
+            out.append(f"PF {a} has VFs inside pods")
+        elif free.vfs[j] < len(shape.vfs[j]):
+            out.append(f"PF {a} has VFs in use")
+        else:
+            out.append(f"PF {a} is held whole")
+    return out
+
+
+def _free_gpus_by_numa(shape: NodeShape, free: FreeState) -> dict[int, list[int]]:
+    groups: dict[int, list[int]] = {}
+    for i in range(len(shape.gpus)):
+        if (free.gpus >> i) & 1:
+            groups.setdefault(shape.gpu_numa[i], []).append(i)
+    return groups
+
+
+def _distance_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
+    limit = Distance(spec.max_distance).name
+    nics = "VFs" if spec.vfs else "whole PFs"
+    groups = _free_gpus_by_numa(shape, free)
+    npf = len(shape.pfs)
+    near_any = [j for j in range(npf) for i in range(len(shape.gpus))
+                if (free.gpus >> i) & 1 and shape.dist[i][j] <= spec.max_distance]
+    if not near_any:
+        pairs = [shape.dist[i][j] for i in range(len(shape.gpus)) if (free.gpus >> i) & 1
+                 for j in range(npf)]
+        tail = f" (the nearest is {Distance(min(pairs)).name})" if pairs else ""
+        return f"maxDistance {limit}: no NIC is within {limit} of any free GPU{tail}"
+    best: tuple | None = None
+    for bit, gpus in sorted(groups.items()):
+        near = [j for j in range(npf) if any(shape.dist[i][j] <= spec.max_distance
+                                             for i in gpus)]
+        cap = sum((free.vfs[j] if spec.vfs else 0) + (free.whole_ok[j] if spec.pfs else 0)
+                  for j in near)
+        cand = (-len(gpus), bit, gpus, near, cap)
+        if best is None or cand < best:
+            best = cand
+    # GPUs with no NIC at all within the limit can never pair; name them first.
+    free_gpus = [i for i in range(len(shape.gpus)) if (free.gpus >> i) & 1]
+    serving = [j for j in range(npf) if (spec.vfs and shape.vfs[j])
+               or (spec.pfs and shape.whole_static[j])]
+    lacking = [i for i in free_gpus
+               if all(shape.dist[i][j] > spec.max_distance for j in serving)]
+    if len(free_gpus) - len(lacking) < spec.pairs:
+        named = [f"GPU {shape.gpus[i].pci_address}"
+                 + (f" (nearest {Distance(min(shape.dist[i][j] for j in serving)).name})"
+                    if serving else "") for i in lacking]
+        return (f"maxDistance {limit}: {_plural(spec.pairs, 'GPU')} need a NIC within {limit} "
+                f"but only {len(free_gpus) - len(lacking)} of the {len(free_gpus)} free GPUs "
+                f"have one: {_listed(named)}")
+    assert best is not None
+    _, bit, gpus, near, cap = best
+    why = _why_no_vfs(shape, free, near)
+    return (f"maxDistance {limit}: {_plural(spec.pairs, 'GPU')} need a NIC within {limit}; "
+            f"{_plural(len(gpus), 'GPU')} free on {_numa_name(shape, bit)} but only {cap} free "
+            f"{nics} within {limit} of them" + (f": {_listed(why)}" if why else ""))
+
+
+def _single_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
+    want = [_plural(spec.gpus, "GPU")] if spec.gpus else []
+    if spec.vfs:
+        want.append(_plural(spec.vfs, "VF"))
+    if spec.pfs:
+        want.append(_plural(spec.pfs, "whole PF"))
+    if spec.cpus:
+        want.append(_plural(spec.cpus, "CPU"))
+    if spec.memory:
+        want.append(f"{spec.memory} bytes")
+    have = []
+    for b, nid in enumerate(shape.numa_ids):
+        g = sum(1 for i in range(len(shape.gpus))
+                if (free.gpus >> i) & 1 and shape.gpu_numa[i] == b)
+        v = sum(free.vfs[j] for j in range(len(shape.pfs)) if shape.pf_numa[j] == b)
+        have.append(f"NUMA {nid} has {g} GPUs, {v} VFs, {free.cpus[b]} CPUs free")
+    return (f"numa: single: no single NUMA node holds {', '.join(want)}"
+            + (f" ({_listed(have)})" if have else ""))
+
+
+def explain(shape: NodeShape, free: FreeState, request: Request) -> str:
+    """The first constraint that fails on this node, and where."""
+    spec = Spec.of(request)
+    node = shape.topology.node
+    nfree = free.gpus.bit_count()
+    if spec.gpus > len(shape.gpus):
+        return f"{_plural(spec.gpus, 'GPU')} requested but {node} has {len(shape.gpus)}"
+    if spec.gpus > nfree:
+        return f"{_plural(spec.gpus, 'GPU')} requested but only {nfree} of {len(shape.gpus)} free"
+    vf_free = sum(free.vfs)
+    if spec.vfs > vf_free:
+        why = _why_no_vfs(shape, free, list(range(len(shape.pfs))))
+        return (f"{_plural(spec.vfs, 'VF')} requested but only {vf_free} free"
+                + (f": {_listed(why)}" if why else ""))
+    whole_free = sum(free.whole_ok)
+    if spec.pfs > whole_free:
+        why = _why_not_whole(shape, free)
+        return (f"{_plural(spec.pfs, 'whole PF')} requested but only {whole_free} free"
+                + (f": {_listed(why)}" if why else ""))
+    if spec.cpus > sum(free.cpus):
+        return f"{spec.cpus} exclusive CPUs requested but only {sum(free.cpus)} free"
+    if spec.memory > sum(free.memory):
+        return f"{spec.memory} bytes of memory requested but only {sum(free.memory)} free"
+    if spec.pairs and spec.max_distance < Distance.SYS and search(
+            shape, free, replace(request, max_distance=None)) is not None:
+        return _distance_reason(shape, free, spec)
+    if spec.numa == "single" and search(
+            shape, free, replace(request, numa="preferred")) is not None:
+        return _single_reason(shape, free, spec)
+    if spec.pairs and spec.lo:
+        return (f"no placement gives {_plural(spec.gpus, 'GPU')} {_plural(request.nics, 'NIC')}"
+                f" serving {spec.lo}–{spec.hi} GPUs each ({request.pairing} pairing)")
+    return (f"no placement of {_plural(spec.gpus, 'GPU')}, {_plural(spec.vfs, 'VF')} and "
+            f"{_plural(spec.pfs, 'whole PF')} satisfies every limit at once")
