@@ -201,7 +201,9 @@ def test_device_info_file_names_each_vf_and_goes_away_on_del(node: Node, shim, c
     c = conf(runtimeConfig={"CNIDeviceInfoFile": str(multus_path)})
     assert add(shim, pod, c).code == 0
     first = json.loads(multus_path.read_text())
-    assert first == {"type": "pci", "version": "1.1.0", "pci": {"pci-address": nics[0].pci_address}}
+    assert first == {"type": "pci", "version": "1.1.0",
+                     "pci": {"pci-address": nics[0].pci_address,
+                             "rdma-device": nics[0].rdma_device}}
     second = node.devinfo / f"rdma-{pod.container_id}-net1-1-device-info.json"
     assert json.loads(second.read_text())["pci"]["pci-address"] == nics[1].pci_address
     assert delete(shim, pod, c).code == 0

@@ -37,6 +37,7 @@ class MovedDevice(msgspec.Struct, kw_only=True):
     original_mac: str | None
     original_mtu: int
     original_up: bool
+    mac_set: str | None = None  # the MAC ADD gave it, if the config asked for one
     rdma_device: str | None = None
     rdma_moved: bool = False
     ipam_type: str | None = None

@@ -74,6 +74,18 @@ def _fallback_name(pci: str) -> str:
     return ("ry" + pci.replace(":", "").replace(".", ""))[-15:]
 
 
+def _owns(link: Link, d: MovedDevice) -> bool:
+    """Is this link the recorded device, not another that took its name?
+
+    A real NIC's netdev names its parent PCI device (decisive); otherwise the MAC must be
+    the device's own or the one ADD set.
+    """
+    if link.parent is not None:
+        return link.parent == d.pci
+    mac = (link.mac or "").lower()
+    return mac in {(d.original_mac or "").lower(), (d.mac_set or "").lower()} - {""}
+
+
 @dataclass
 class _Problems:
     """Failures met while putting devices back; one message for the runtime."""
@@ -276,12 +288,10 @@ class Plugin:
             raise CniError(Code.DEVICE_UNAVAILABLE,
                            f"netdev {link.name} belongs to {link.parent}, not to {pci}")
         ifc = conf.interface(i)
-        rdma_dev = None
-        if self.rdma_mode == "exclusive":
-            rdma_dev = devices.rdma_device_of(self.settings.sysfs_root, pci) or nic.rdma_device
+        rdma_dev = devices.rdma_device_of(self.settings.sysfs_root, pci) or nic.rdma_device
         return MovedDevice(
             pci=pci, kind=nic.kind, ifname=name, original_name=link.name,
-            original_mac=link.mac, original_mtu=link.mtu, original_up=link.up,
+            original_mac=link.mac, original_mtu=link.mtu, original_up=link.up, mac_set=ifc.mac,
             rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
         )
 
@@ -289,7 +299,7 @@ class Plugin:
                  rec: AttachmentRecord, conf: NetConf) -> dict[str, Link]:
         """host → temporary netns (rename, MTU, MAC there) → pod; bring each link up."""
         for d in rec.devices:
-            if d.rdma_device:
+            if d.rdma_device and self.rdma_mode == "exclusive":
                 # Before the netdev: an IPoIB netdev may only follow its RDMA device.
                 self.rdma.move(d.rdma_device, self.host, pod_ns)
                 d.rdma_moved = True
@@ -383,9 +393,8 @@ class Plugin:
             if i == 0 and asked and os.path.dirname(os.path.realpath(asked)) == folder:
                 path = os.path.realpath(asked)  # Multus chose the name; only inside its folder
             pci: dict[str, Any] = {"pci-address": d.pci}
-            rdma = d.rdma_device or devices.rdma_device_of(self.settings.sysfs_root, d.pci)
-            if rdma:
-                pci["rdma-device"] = rdma
+            if d.rdma_device:
+                pci["rdma-device"] = d.rdma_device
             body = json.dumps({"type": "pci", "version": "1.1.0", "pci": pci}).encode()
             try:
                 os.makedirs(folder, exist_ok=True)
@@ -432,21 +441,24 @@ class Plugin:
     def _put_back(self, d: MovedDevice, pod: Links | None, staging: Links, tmp: Netns,
                   host: Links, problems: _Problems) -> None:
         try:
-            link = pod.get(d.ifname) if pod is not None else None
-            if link is not None and link.parent not in (None, d.pci):
-                link = None  # the name now belongs to something else: not ours to take
-            if link is not None:
+            link, where = None, None
+            for links, name in ((staging, d.ifname), (staging, d.original_name),
+                                (pod, d.ifname)):
+                found = links.get(name) if links is not None else None
+                if found is not None and _owns(found, d):
+                    link, where = found, links
+                    break
+            if where is pod and link is not None:
                 pod.down(link)
                 pod.move(link, tmp)
                 link = self._need(staging, d.ifname)
-            else:
-                link = staging.get(d.ifname) or staging.get(d.original_name)
             if link is None:
-                # Not in the pod: in the host (never moved, or back after its netns died).
-                home = host.get(d.original_name)
-                if home is None:
-                    now = devices.netdev_of(self.settings.sysfs_root, d.pci)
-                    home = host.get(now) if now else None
+                # Not in the pod: in the host (never moved, or back after its netns died,
+                # under whatever name the kernel gave it: sysfs knows it by PCI address).
+                now = devices.netdev_of(self.settings.sysfs_root, d.pci)
+                home = host.get(now) if now else None
+                if home is not None and home.parent not in (None, d.pci):
+                    home = None
                 if home is not None:
                     self._restore_in_place(host, home, d)
                 elif pod is not None:
@@ -460,11 +472,13 @@ class Plugin:
             except LinkError as e:
                 if e.errno != errno.EEXIST:
                     raise
+                # Back in the host matters more than its name: use one derived from the
+                # PCI address (discovery finds devices by address anyway) and say so.
                 other = _fallback_name(d.pci)
                 staging.set(link, name=other)
                 staging.move(self._need(staging, other), self.host)
-                problems.add(f"{d.pci}: its name {d.original_name} was taken in the host "
-                             f"meanwhile; it is back as {other}")
+                log.warning("cni: %s: its name %s was taken in the host meanwhile; it is back "
+                            "as %s", d.pci, d.original_name, other)
                 return
             back = host.get(d.original_name)
             if back is not None and d.original_up:
@@ -575,7 +589,7 @@ class Plugin:
                 link = pod.get(d.ifname)
                 if link is None:
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} ({d.pci}) is not in the pod")
-                if link.parent not in (None, d.pci):
+                if not _owns(link, d):
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} is not {d.pci}")
                 if not link.up:
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} is down")
