@@ -1,0 +1,58 @@
+"""The pods-file PodSource: re-read on change, input only, a bad file keeps the last list."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from railyard.agent.pods import PodsFile, PodsFileError, parse_pods
+
+
+def pod(uid: str) -> dict:
+    return {"metadata": {"uid": uid, "name": uid, "namespace": "ns"},
+            "spec": {"nodeName": "n", "containers": [{"name": "c"}]}}
+
+
+def write(path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(data if isinstance(data, str) else json.dumps(data))
+    os.replace(tmp, path)
+
+
+def test_list_and_podlist_forms(tmp_path):
+    f = tmp_path / "pods.json"
+    write(f, [pod("a")])
+    src = PodsFile(f)
+    assert [p.uid for p in src.pods()] == ["a"] and src.loaded
+    write(f, {"kind": "PodList", "items": [pod("a"), pod("b")]})
+    assert [p.uid for p in src.pods()] == ["a", "b"]
+
+
+def test_a_broken_file_keeps_the_last_good_list(tmp_path, caplog):
+    f = tmp_path / "pods.json"
+    write(f, [pod("a")])
+    src = PodsFile(f)
+    src.pods()
+    write(f, "[{")
+    assert [p.uid for p in src.pods()] == ["a"]
+    assert "keeping the last list" in caplog.text
+
+
+def test_a_missing_file_is_not_loaded(tmp_path):
+    src = PodsFile(tmp_path / "nope.json")
+    assert src.pods() == [] and not src.loaded
+
+
+def test_pods_without_identity_are_skipped_with_a_warning():
+    pods, warnings = parse_pods([pod("a"), {"metadata": {"name": "x"}}, 7])
+    assert [p.uid for p in pods] == ["a"]
+    assert warnings[0].startswith("pods[1]: metadata.uid")
+    assert len(warnings) == 2
+
+
+@pytest.mark.parametrize("data", [{"kind": "Pod"}, "pods", 3])
+def test_not_a_list_of_pods(data):
+    with pytest.raises(PodsFileError):
+        parse_pods(data)

@@ -1,0 +1,198 @@
+"""The pure parts behind the plugins: pod parsing, resolution, pairing and grants."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+from harness import GPU, NODE, PF, VF, allocation, pod, topology
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from railyard.agent.state import Consumed, PodKey, PodRecord
+from railyard.allocation.names import DEFAULT_RESOURCES as NAMES
+from railyard.kubelet.pairing import choose_local, reconcile
+from railyard.kubelet.pods import PodError, pod_view
+from railyard.kubelet.resolver import candidates, ids_of, match_allocate
+from railyard.kubelet.response import (
+    devinfo_file_name,
+    in_pair_order,
+    nic_grant,
+    pairs_json,
+    pcidevice_env,
+)
+
+TOPO = topology("dgx-h100", vfs_per_pf=2)
+GPUS = [g.device_id for g in TOPO.gpus]
+COMPUTE = [n for n in TOPO.nics if n.vfs]
+VF_OF = {n.pci_address: [v.pci_address for v in n.vfs] for n in COMPUTE}
+
+
+def near_vf(gpu_index: int, k: int = 0) -> str:
+    g = TOPO.gpus[gpu_index]
+    nic = min(COMPUTE, key=lambda n: (TOPO.distance[g.pci_address][n.pci_address],
+                                      n.pci_address))
+    return VF_OF[nic.pci_address][k]
+
+
+# ------------------------------------------------------------------ pods
+
+
+def test_pod_view_reads_counts_phase_and_record():
+    a = allocation(TOPO, [(0, near_vf(0))])
+    v = pod_view(pod("u1", {"main": {GPU: 1, VF: 1}, "side": {}}, alloc=a))
+    assert v.node_name == NODE and v.pending and v.allocation == a
+    assert v.total(GPU) == 1 and v.containers[1].devices == ()
+
+
+def test_pod_view_keeps_a_broken_record_as_an_error_naming_the_field():
+    v = pod_view(pod("u1", {"main": {VF: 1}}, annotation='{"version": 1, "node": 5}'))
+    assert v.allocation is None
+    assert "railyard.dev/allocation" in v.allocation_error
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(
+                        st.sampled_from(["metadata", "spec", "status", "uid", "name",
+                                         "containers", "resources", "limits", "annotations",
+                                         "nodeName", "phase"]), c, max_size=4),
+                    max_leaves=20))
+def test_pod_view_never_fails_with_anything_but_pod_error(data):
+    with contextlib.suppress(PodError):
+        pod_view(data)
+
+
+# ------------------------------------------------------------------ resolver
+
+
+def _views(*pods):
+    return [pod_view(p) for p in pods]
+
+
+def test_oldest_decision_first_and_records_before_bypassing_pods():
+    a = allocation(TOPO, [(0, near_vf(0))], decided_at="2026-01-02T00:00:00Z")
+    b = allocation(TOPO, [(1, near_vf(1))], decided_at="2026-01-01T00:00:00Z")
+    pods = _views(pod("direct", {"c": {VF: 1}}, created="2025-01-01T00:00:00Z"),
+                  pod("a", {"c": {VF: 1}}, alloc=a), pod("b", {"c": {VF: 1}}, alloc=b))
+    cands = candidates(pods, {}, NODE, NAMES, VF, 1)
+    assert [c.pod.uid for c in cands] == ["b", "a", "direct"]
+    assert cands[0].expected == (near_vf(1),)
+
+
+def test_other_nodes_running_pods_and_wrong_sizes_are_not_candidates():
+    a = allocation(TOPO, [(0, near_vf(0)), (1, near_vf(1))])
+    pods = _views(pod("elsewhere", {"c": {VF: 2}}, alloc=a, node="node-b"),
+                  pod("running", {"c": {VF: 2}}, alloc=a, phase="Running"),
+                  pod("small", {"c": {VF: 1}}, alloc=a),
+                  pod("ok", {"c": {VF: 2}}, alloc=a))
+    assert [c.pod.uid for c in candidates(pods, {}, NODE, NAMES, VF, 2)] == ["ok"]
+
+
+def test_a_record_that_does_not_fit_the_request_is_not_this_pods_shape():
+    a = allocation(TOPO, [(0, near_vf(0))])
+    assert candidates(_views(pod("u", {"c": {VF: 2}}, alloc=a)), {}, NODE, NAMES, VF, 2) == []
+
+
+def test_consumed_containers_move_on_to_the_next_container():
+    a = allocation(TOPO, [(0, near_vf(0)), (1, near_vf(1))])
+    p = pod("u", {"one": {VF: 1, GPU: 1}, "two": {VF: 1, GPU: 1}}, alloc=a)
+    rec = PodRecord(PodKey("u", "team", "u"), a, (Consumed("one", VF, (near_vf(0),)),))
+    c = candidates(_views(p), {"u": rec}, NODE, NAMES, VF, 1)[0]
+    assert (c.container, c.expected) == ("two", (near_vf(1),))
+
+
+def test_allocate_matches_exact_ids_before_the_hint_and_the_order():
+    a = allocation(TOPO, [(0, near_vf(0))], decided_at="2026-01-01T00:00:00Z")
+    b = allocation(TOPO, [(1, near_vf(1))], decided_at="2026-01-02T00:00:00Z")
+    cands = candidates(_views(pod("a", {"c": {VF: 1}}, alloc=a),
+                              pod("b", {"c": {VF: 1}}, alloc=b)), {}, NODE, NAMES, VF, 1)
+    assert match_allocate(cands, [near_vf(1)], hint=("a", "c")).pod.uid == "b"
+    assert match_allocate(cands, ["0000:ff:00.1"], hint=("b", "c")).pod.uid == "b"
+    assert match_allocate(cands, ["0000:ff:00.1"]).pod.uid == "a"
+
+
+# ------------------------------------------------------------------ pairing
+
+
+def test_reconcile_keeps_given_pairs_and_pairs_the_rest_nearest_first():
+    base = allocation(TOPO, [(0, near_vf(0)), (1, near_vf(1)), (4, near_vf(4))])
+    got = reconcile(TOPO, base, {"vf": [near_vf(4), near_vf(0, 1), near_vf(1)]},
+                    decided_at="t")
+    assert got.decided_by == "node" and got.decided_at == "t"
+    assert [(p.gpu.index, p.nic.pci_address) for p in got.pairs] == [
+        (0, near_vf(0, 1)), (1, near_vf(1)), (4, near_vf(4))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(gpus=st.lists(st.integers(0, 7), unique=True, min_size=1, max_size=8),
+       vfs=st.lists(st.sampled_from(sorted(v for vs in VF_OF.values() for v in vs)),
+                    unique=True, min_size=1, max_size=8))
+def test_reconcile_holds_exactly_the_given_ids_and_pairs_every_gpu(gpus, vfs):
+    got = reconcile(TOPO, None, {"gpu": [GPUS[i] for i in gpus], "vf": vfs}, decided_at=None)
+    assert set(ids_of(got, "gpu")) == {GPUS[i] for i in gpus}
+    assert set(ids_of(got, "vf")) == set(vfs)
+    nics = [p.nic.pci_address for p in got.pairs]
+    assert len(nics) == len(gpus)  # one-to-one, or shared when NICs are fewer
+    if len(vfs) >= len(gpus):
+        assert len(set(nics)) == len(nics)
+    else:  # shared: distance first (the allocator's key), so each GPU gets a nearest NIC
+        for p in got.pairs:
+            best = min(TOPO.distance[p.gpu.pci_address][TOPO.vf(v)[0].pci_address] for v in vfs)
+            assert p.distance == best
+
+
+def test_choose_local_takes_must_include_then_kept_then_nearest_spreading_over_pfs():
+    avail = [v for vs in VF_OF.values() for v in vs]
+    got = choose_local(TOPO, "vf", avail, [near_vf(7)], 3, keep=[near_vf(2)],
+                       partners=[GPUS[7], GPUS[2], GPUS[5]])
+    assert got == [near_vf(7), near_vf(2), near_vf(5)]
+    two = choose_local(TOPO, "vf", avail, [], 2)
+    assert TOPO.vf(two[0])[0] != TOPO.vf(two[1])[0]  # not both on one PF
+
+
+def test_choose_local_never_returns_ids_kubelet_did_not_offer():
+    got = choose_local(TOPO, "gpu", GPUS[:2], ["not-offered"], 4)
+    assert set(got) <= set(GPUS[:2])
+
+
+# ------------------------------------------------------------------ grants
+
+
+def test_sriov_dp_names():
+    assert pcidevice_env("railyard.dev/vf") == "PCIDEVICE_RAILYARD_DEV_VF"
+    assert pcidevice_env("intel.com/sriov_rdma") == "PCIDEVICE_INTEL_COM_SRIOV_RDMA"
+    assert devinfo_file_name("railyard.dev/vf", "0000:3b:00.2") == \
+        "railyard.dev-vf-0000:3b:00.2-device.json"
+
+
+def test_in_pair_order_puts_unknown_ids_last_in_kubelets_order():
+    a = allocation(TOPO, [(3, near_vf(3)), (1, near_vf(1))])
+    assert in_pair_order(["x", GPUS[1], "y", GPUS[3]], a, "gpu") == [GPUS[3], GPUS[1], "x", "y"]
+
+
+def test_pairs_json_lists_pairs_then_unpaired_nics():
+    extra = [v for v in VF_OF[COMPUTE[7].pci_address]][1]
+    a = allocation(TOPO, [(0, near_vf(0))], nics=(extra,))
+    got = json.loads(pairs_json(a, gpus=[GPUS[0]], nics=[near_vf(0), extra]))
+    assert got[0]["gpu"]["uuid"] == GPUS[0] and got[0]["distance"] == "PIX"
+    assert got[1] == {"gpu": None, "nic": {"kind": "vf", "pciAddress": extra,
+                                           "rdmaDevice": TOPO.vf(extra)[1].rdma_device,
+                                           "netdev": TOPO.vf(extra)[1].netdev},
+                      "distance": None}
+
+
+def test_nic_grant_without_rdma_device_sets_no_nccl_hca():
+    a = allocation(TOPO, [(0, near_vf(0))])
+    n = a.pairs[0].nic
+    bare = type(n)(n.kind, n.pci_address, n.pf_pci_address, n.vf_index, None, None)
+    g = nic_grant(VF, [bare], {})
+    assert "NCCL_IB_HCA" not in g.envs
+    assert g.envs["PCIDEVICE_RAILYARD_DEV_VF"] == n.pci_address
+    assert [d.host_path for d in g.devices] == ["/dev/infiniband/rdma_cm"]
+
+
+def test_pf_names_are_whole_pfs():
+    a = allocation(TOPO, [(0, COMPUTE[0].pci_address)])
+    assert ids_of(a, "pf") == (COMPUTE[0].pci_address,) and ids_of(a, "vf") == ()
+    assert NAMES.pf == PF
