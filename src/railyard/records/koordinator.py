@@ -50,6 +50,14 @@ def _rdma_entry(nic: NicRef, topology: NodeTopology, where: str) -> dict[str, An
     return entry
 
 
+def _nic_field(a: Allocation, nic: NicRef) -> str:
+    """Where `nic` first appears in the record, for error messages."""
+    for i, p in enumerate(a.pairs):
+        if p.nic.pci_address == nic.pci_address:
+            return f"allocation.pairs[{i}].nic"
+    return f"allocation.nics[{a.nics.index(nic)}]"
+
+
 def device_allocated_to_json(a: Allocation, topology: NodeTopology) -> dict[str, Any]:
     """`{"gpu": [...], "rdma": [...]}`: GPUs in pair order, then NICs in pair order, one
     entry per VF (Koordinator holds one VF per PF entry) or whole PF.
@@ -63,15 +71,16 @@ def device_allocated_to_json(a: Allocation, topology: NodeTopology) -> dict[str,
         try:
             gpu = topology.gpu(g.pci_address)
         except KeyError:
-            raise RecordError(f"allocation.gpus[{i}].pciAddress: GPU {g.pci_address} is not "
+            where = (f"allocation.pairs[{i}].gpu" if i < len(a.pairs)
+                     else f"allocation.gpus[{i - len(a.pairs)}]")
+            raise RecordError(f"{where}.pciAddress: GPU {g.pci_address} is not "
                               f"on {topology.node}") from None
         gpus.append({
             "minor": gpu.index,
             "id": gpu.uuid or gpu.pci_address,
             "resources": {GPU_CORE: WHOLE_DEVICE, GPU_MEMORY_RATIO: WHOLE_DEVICE},
         })
-    rdma = [_rdma_entry(n, topology, f"allocation.nics[{i}]")
-            for i, n in enumerate(a.all_nics)]
+    rdma = [_rdma_entry(n, topology, _nic_field(a, n)) for n in a.all_nics]
     out: dict[str, Any] = {}
     if gpus:
         out["gpu"] = gpus
