@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import railyard.cli.agent as _agent  # noqa: F401  (registers `agent`)
 import railyard.cli.allocate as _allocate  # noqa: F401  (registers `allocate`)
 import railyard.cli.cni as _cni  # noqa: F401  (registers `cni serve`, `cni install`)
 import railyard.cli.scheduler  # noqa: F401  (registers `scheduler`)

@@ -1,0 +1,77 @@
+"""`railyard agent`: the node agent (device plugins, state store, optional CNI service).
+
+Runs until SIGTERM or SIGINT. Imports stay inside the command so `railyard --help` is fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from railyard.cli.app import app, fail
+
+
+@app.command()
+def agent(
+    node_name: Annotated[str, typer.Option(
+        "--node-name", metavar="NAME", help="This node's Kubernetes name (spec.nodeName).")],
+    pods_file: Annotated[Path, typer.Option(
+        "--pods-file", metavar="FILE",
+        help="JSON list of v1 Pods (or a PodList) on this node; re-read on change.")],
+    sysfs_root: Annotated[Path, typer.Option(
+        "--sysfs-root", metavar="DIR", help="Folder holding sys/ and proc/.")] = Path("/"),
+    kubelet_dir: Annotated[Path, typer.Option(
+        "--kubelet-dir", metavar="DIR",
+        help="Kubelet's root: device-plugins/, plugins_registry/, pod-resources/.")
+    ] = Path("/var/lib/kubelet"),
+    state_dir: Annotated[Path, typer.Option(
+        "--state-dir", metavar="DIR", help="The node-local state store.")
+    ] = Path("/var/lib/railyard"),
+    config: Annotated[Path | None, typer.Option(
+        "--config", metavar="FILE",
+        help="Agent config (JSON or YAML): resource names, pools, plugins; see docs/agent.md.")
+    ] = None,
+    cni_socket: Annotated[str | None, typer.Option(
+        "--cni-socket", metavar="PATH",
+        help="Also serve the CNI service on this unix socket, in this process.")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
+) -> None:
+    """Serve RDMA VFs, PFs and GPUs to kubelet, steered to the recorded pairing."""
+    import asyncio
+    import logging
+    import signal
+
+    from railyard.agent.agent import Agent, AgentOptions, run_until_stopped
+    from railyard.agent.config import ConfigError, load_config
+    from railyard.agent.pods import PodsFile
+    from railyard.agent.state import StateError
+    from railyard.discovery.sysfs import SysfsError
+    from railyard.kubelet.plugin import PluginError
+
+    level = getattr(logging, log_level.upper(), None)
+    if not isinstance(level, int):
+        fail(f"--log-level: unknown level {log_level!r}")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(config)
+        node_agent = Agent(
+            AgentOptions(node_name=node_name, sysfs_root=str(sysfs_root),
+                         kubelet_dir=str(kubelet_dir), state_dir=str(state_dir),
+                         cni_socket=cni_socket),
+            PodsFile(pods_file, cfg.resources), cfg)
+    except (ConfigError, StateError) as e:
+        fail(str(e))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await run_until_stopped(node_agent, stop)
+
+    try:
+        asyncio.run(main())
+    except (SysfsError, StateError, PluginError, OSError) as e:
+        fail(str(e), code=1)
