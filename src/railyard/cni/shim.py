@@ -80,7 +80,8 @@ def error_json(code: int, msg: str, details: str = "", version: str = LATEST_VER
 
 def _config(stdin: bytes):
     """The network config, parsed only when a key the shim acts on may be in it."""
-    if b"agentSocket" not in stdin and b"standalone" not in stdin:
+    if stdin.lstrip()[:1] == b"{" and b"agentSocket" not in stdin \
+            and b"standalone" not in stdin:
         return {}
     import json
 

@@ -1,0 +1,198 @@
+"""Only PCI addresses granted to this pod on this node are ever moved: nothing in the network
+config or CNI_ARGS can bring a host interface (here `ryeth0`, standing for eth0) or another
+pod's VF into a pod."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cni_helpers import TOPOLOGY, Node, links, run_shim, standalone_env, vf_ref
+
+from railyard.agent.state import PodKey, StateStore
+from railyard.cni.service import build_plugin, start
+
+pytestmark = pytest.mark.root
+
+# The PF carrying the node's "default route": its netdev stands for eth0.
+ETH0_PCI = TOPOLOGY.nics[1].pci_address
+
+
+@pytest.fixture
+def eth0(node: Node) -> str:
+    name, _ = node.veth("ryeth0", "ryeth0peer")
+    (node.sysfs / "sys/bus/pci/devices" / ETH0_PCI / "net" / name).mkdir(parents=True)
+    return name
+
+
+def add(shim, pod, conf, ifname="net1", args=None, **kw):
+    return run_shim(shim, "ADD", conf, container_id=pod.container_id, netns=pod.netns_path,
+                    ifname=ifname, args=pod.args() if args is None else args, **kw)
+
+
+def test_device_keys_in_the_config_cannot_bring_a_host_interface_in(node: Node, shim, conf,
+                                                                     eth0):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    c = conf(deviceID=ETH0_PCI, pciBusID=ETH0_PCI, device=eth0, master=eth0, hostInterface=eth0,
+             runtimeConfig={"deviceID": ETH0_PCI}, capabilities={"deviceID": True},
+             args={"cni": {"deviceID": ETH0_PCI, "K8S_POD_UID": "someone-else"}})
+    r = add(shim, pod, c)
+    assert r.code == 0, r.out
+    assert [i["name"] for i in r.out["interfaces"]] == ["net1"]
+    assert set(links(pod.netns)) == {"net1"}
+    assert eth0 in node.snapshot()
+
+
+def test_a_pod_with_no_grants_gets_nothing_whatever_its_config_names(node: Node, shim, conf,
+                                                                     eth0):
+    victim_nic = node.vfs(1)[0]
+    node.pod([victim_nic])
+    thief = node.pod([])
+    c = conf(deviceID=victim_nic.pci_address, device=eth0,
+             runtimeConfig={"deviceID": victim_nic.pci_address})
+    r = add(shim, thief, c)
+    assert r.code == 0 and r.out["interfaces"] == []
+    assert links(thief.netns) == {}
+    assert {eth0, node.netdev_of(victim_nic)} <= set(node.snapshot())
+
+
+def test_another_pods_uid_in_cni_args_is_refused(node: Node, shim, conf):
+    a_nic, b_nic = node.vfs(2)
+    a, b = node.pod([a_nic]), node.pod([b_nic])
+    before = node.snapshot()
+    forged = (f"IgnoreUnknown=1;K8S_POD_NAMESPACE={b.namespace};K8S_POD_NAME={b.name};"
+              f"K8S_POD_UID={a.uid}")
+    r = add(shim, b, conf(), args=forged)
+    assert r.error == 4 and a.uid in r.out["msg"]
+    assert node.snapshot() == before and links(b.netns) == {}
+
+
+def test_a_uid_repeated_with_another_value_is_refused(node: Node, shim, conf):
+    a_nic, b_nic = node.vfs(2)
+    a, b = node.pod([a_nic]), node.pod([b_nic])
+    r = add(shim, b, conf(), args=f"{b.args()};K8S_POD_UID={a.uid}")
+    assert r.error == 4 and "K8S_POD_UID" in r.out["msg"]
+    assert links(b.netns) == {}
+
+
+def test_a_vf_in_use_by_a_live_pod_is_never_handed_to_another(node: Node, shim, conf):
+    (nic,) = node.vfs(1)
+    first = node.pod([nic])
+    assert add(shim, first, conf()).code == 0
+    # A wrong record grants the same VF to a second pod, and a new link takes the VF's old
+    # name in the host: the in-use note still protects the first pod.
+    second = node.pod([nic])
+    node.veth(node.netdev_of(nic), None)
+    r = add(shim, second, conf())
+    assert r.error == 100 and first.container_id in r.out["msg"]
+    assert set(links(first.netns)) == {"net1"}
+    assert links(second.netns) == {}
+
+
+def test_ifname_naming_a_host_interface_only_names_the_pods_own(node: Node, shim, conf, eth0):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    assert add(shim, pod, conf(), ifname=eth0).code == 0
+    assert set(links(pod.netns)) == {eth0}
+    assert links(pod.netns)[eth0]["mac"] != node.snapshot()[eth0]["mac"]
+    assert eth0 in node.snapshot()
+
+
+def forged_node(tmp: Path, pod, target_pci_for_pod: str) -> tuple[Path, Path]:
+    """A state store granting the pod eth0's PF, and a sysfs pointing its VF at ryeth0."""
+    from railyard.allocation.types import Allocation, NicRef
+
+    store = StateStore(tmp / "forged-state")
+    pf = NicRef.of_pf(TOPOLOGY.nics[1])
+    store.put(PodKey(pod.uid, pod.namespace, pod.name),
+              Allocation(node="node-a", numa_nodes=(0,), cpus=None, memory_bytes=(),
+                         nics=(pf,)))
+    sysfs = tmp / "forged-sysfs"
+    (sysfs / "sys/bus/pci/devices" / target_pci_for_pod / "net" / "ryeth0").mkdir(parents=True)
+    (sysfs / "sys/bus/pci/devices" / ETH0_PCI / "net" / "ryeth0").mkdir(parents=True)
+    return store.root, sysfs
+
+
+def test_agent_mode_ignores_state_and_sysfs_paths_in_the_config(node: Node, shim, conf, eth0,
+                                                                tmp_path):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    state, sysfs = forged_node(tmp_path, pod, nic.pci_address)
+    r = add(shim, pod, conf(stateDir=str(state), sysfsRoot=str(sysfs),
+                            RAILYARD_CNI_SYSFS_ROOT=str(sysfs)))
+    assert r.code == 0, r.out
+    assert links(pod.netns)["net1"]["mac"] != node.snapshot()[eth0]["mac"]
+    assert eth0 in node.snapshot()
+
+
+def test_standalone_mode_takes_node_settings_only_from_the_runtime_environment(
+        node: Node, shim, eth0, tmp_path):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    _, sysfs = forged_node(tmp_path, pod, nic.pci_address)
+    c = {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni", "standalone": True,
+         "stateDir": str(node.state_dir), "sysfsRoot": str(sysfs), "hostNetns": "/proc/1/ns/net",
+         "RAILYARD_CNI_SYSFS_ROOT": str(sysfs)}
+    r = add(shim, pod, c, extra_env=standalone_env(node))
+    assert r.code == 0, r.out
+    assert eth0 in node.snapshot() and set(links(pod.netns)) == {"net1"}
+
+
+def test_a_netns_path_that_is_not_a_network_namespace_is_refused(node: Node, shim, conf,
+                                                                 tmp_path):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    before = node.snapshot()
+    for bogus in (str(tmp_path / "plain-file"), "/proc/self/ns/mnt", "/run/netns/ry-nope"):
+        Path(tmp_path / "plain-file").write_text("x")
+        r = run_shim(shim, "ADD", conf(), container_id=pod.container_id, netns=bogus,
+                     args=pod.args())
+        assert r.error == 3, (bogus, r.out)
+    assert node.snapshot() == before
+
+
+class _Kubelet:
+    def __init__(self, ids: frozenset[str] | None) -> None:
+        self.ids = ids
+        self.asked: list[tuple[str, str]] = []
+
+    def device_ids(self, namespace: str, name: str) -> frozenset[str] | None:
+        self.asked.append((namespace, name))
+        return self.ids
+
+
+@pytest.mark.parametrize("answer, ok", [(None, True), ("granted", True), ("other", False)])
+def test_pod_resources_must_confirm_the_grant_when_kubelet_answers(node: Node, shim, tmp_path,
+                                                                   answer, ok):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    ids = {None: None, "granted": frozenset({nic.pci_address, "GPU-1"}),
+           "other": frozenset({vf_ref(5, 5).pci_address})}[answer]
+    kubelet = _Kubelet(ids)
+    plugin = build_plugin(str(node.state_dir), sysfs_root=str(node.sysfs),
+                          host_netns=node.host_path, device_info_dir=str(node.devinfo),
+                          pod_resources_socket=None, store=node.store)
+    plugin.pod_devices = kubelet
+    running = start(plugin, str(tmp_path / "k.sock"))
+    try:
+        c = {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni",
+             "agentSocket": running.socket_path}
+        r = add(shim, pod, c)
+    finally:
+        running.stop()
+    assert kubelet.asked == [(pod.namespace, pod.name)]
+    if ok:
+        assert r.code == 0 and set(links(pod.netns)) == {"net1"}
+    else:
+        assert r.error == 101 and nic.pci_address in r.out["msg"]
+        assert links(pod.netns) == {}
+
+
+def test_records_name_only_granted_devices(node: Node, shim, conf, eth0):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    assert add(shim, pod, conf(deviceID=ETH0_PCI)).code == 0
+    (rec,) = (node.state_dir / "cni" / "attachments").rglob("*.json")
+    assert [d["pci"] for d in json.loads(rec.read_text())["devices"]] == [nic.pci_address]
