@@ -12,8 +12,9 @@ API (all methods are synchronous and fast; call them from asyncio code directly)
 
 - `StateStore(state_dir, node=None)` — creates the folders; with `node`, `put` refuses an
   Allocation for another node.
-- `.put(pod: PodKey, allocation)` — record (or replace) the pod's Allocation; what was already
-  consumed and the pod's sections are kept when the UID is the same.
+- `.put(pod: PodKey, allocation, consumed=None)` — record (or replace) the pod's Allocation;
+  what was already consumed and the pod's sections are kept when the UID is the same;
+  `consumed=Consumed(container, resource, ids)` notes a consumption in the same write.
 - `.get(uid) -> PodRecord | None`, `.find(namespace, name) -> PodRecord | None`, `.all()`.
 - `.mark_consumed(uid, container, resource, device_ids)` — kubelet allocated these IDs of
   `resource` to `container`; `PodRecord.consumed_ids(resource)` answers what is consumed;
@@ -249,8 +250,13 @@ class StateStore:
 
     # ------------------------------------------------------------------ API
 
-    def put(self, pod: PodKey, allocation: Allocation) -> PodRecord:
-        """Record the pod's Allocation, keeping what was consumed and its sections."""
+    def put(self, pod: PodKey, allocation: Allocation, *,
+            consumed: Consumed | None = None) -> PodRecord:
+        """Record the pod's Allocation, keeping what was consumed and its sections.
+
+        `consumed` also notes one (container, resource) consumption in the same write, which
+        is what `Allocate` needs: one fsync'd write on kubelet's admission path, not two.
+        """
         if self.node is not None and allocation.node != self.node:
             raise StateError(self._path(pod.uid),
                              f"allocation is for node {allocation.node!r}, this is {self.node!r}")
@@ -260,6 +266,10 @@ class StateStore:
                 rec = replace(old, pod=pod, allocation=allocation)
             else:
                 rec = PodRecord(pod, allocation)
+            if consumed is not None:
+                kept = tuple(c for c in rec.consumed if (c.container, c.resource)
+                             != (consumed.container, consumed.resource))
+                rec = replace(rec, consumed=(*kept, consumed))
             self._write(rec)
             return rec
 

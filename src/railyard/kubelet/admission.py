@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from railyard.agent.pods import PodSource
-from railyard.agent.state import PodKey, PodRecord, StateStore
+from railyard.agent.state import Consumed, PodKey, PodRecord, StateStore
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.names import ResourceNames
 from railyard.allocation.request import Request
@@ -272,9 +272,8 @@ class Admission:
             log.warning("%s: kubelet gave %s %s to %s, not the recorded %s; recording what "
                         "kubelet gave (decidedBy: node)", pod, resource, ids, c.container,
                         list(c.expected))
-        if rec is None or rec.allocation != alloc:
-            self.store.put(self._key(pod), alloc)
-        rec = self.store.mark_consumed(pod.uid, c.container, resource, ids)
+        rec = self.store.put(self._key(pod), alloc,
+                             consumed=Consumed(c.container, resource, tuple(ids)))
         grant = self._grant(kind, resource, ids, alloc, ids)
         container = next(x for x in pod.containers if x.name == c.container)
         if all(rec.is_consumed(c.container, r) for r, _ in container.devices):

@@ -1,0 +1,26 @@
+"""The agent starts the CNI service in-process over its own state store when asked."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tempfile
+from dataclasses import replace
+
+import pytest
+from harness import async_test, rig
+
+
+@pytest.mark.skipif(importlib.util.find_spec("railyard.cni.service") is None,
+                    reason="the CNI service is not in this tree")
+@async_test
+async def test_cni_socket_is_served_while_the_agent_runs(tmp_path, generic_tree):
+    sock = os.path.join(tempfile.mkdtemp(prefix="ry-cni-"), "cni.sock")
+    async with rig(tmp_path, generic_tree) as r:
+        assert r.agent._cni is None  # not asked: not started
+        r.agent.options = replace(r.agent.options, cni_socket=sock)
+        await r.agent._start_cni()
+        assert os.path.exists(sock)
+        plugin = getattr(getattr(r.agent._cni, "server", None), "plugin", None)
+        assert plugin is not None  # the running service holds the plugin over our store
+    assert not os.path.exists(sock)
