@@ -1,0 +1,181 @@
+"""Malformed stdin and environment get the spec's error codes, as JSON, never a traceback.
+
+These run without root: the service here has an empty state store, so it grants nothing and
+never moves a link, whatever it is asked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cni_helpers import run_shim
+from conftest import RecordingRdma
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from railyard.cni.plugin import Plugin, Settings
+from railyard.cni.service import RunningService, build_plugin, start
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningService]:
+    root = tmp_path_factory.mktemp("bare")
+    plugin = build_plugin(str(root / "state"), sysfs_root=str(root / "sysfs"),
+                          device_info_dir=str(root / "devinfo"), rdma=RecordingRdma("shared"),
+                          pod_resources_socket=None)
+    running = start(plugin, str(root / "cni.sock"))
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def good(bare: RunningService) -> dict:
+    return {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni",
+            "agentSocket": bare.socket_path}
+
+
+GOOD_ENV = {"container_id": "c0ffee", "netns": "/proc/self/ns/net", "ifname": "net1",
+            "args": "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=p;K8S_POD_UID=u1"}
+
+
+def call(shim, conf, command="ADD", **env):
+    return run_shim(shim, command, conf, **{**GOOD_ENV, **env})
+
+
+@pytest.mark.parametrize("stdin", [b"not json {", b"[1, 2, 3]", b'{"agentSocket": ', b""])
+def test_undecodable_stdin_is_code_6(shim, stdin):
+    r = run_shim(shim, "ADD", stdin, **GOOD_ENV)
+    assert r.code == 1 and r.error == 6
+
+
+@pytest.mark.parametrize("change, code, word", [
+    ({"cniVersion": None}, 1, "cniVersion"),
+    ({"cniVersion": "0.3.1"}, 1, "0.3.1"),
+    ({"cniVersion": "2.0.0"}, 1, "2.0.0"),
+    ({"name": None}, 7, "name"),
+    ({"name": "a/b"}, 7, "name"),
+    ({"ipam": {"type": "../../bin/sh"}}, 7, "ipam.type"),
+    ({"ipam": []}, 7, "ipam"),
+    ({"mtu": "big"}, 7, "mtu"),
+    ({"mtu": 20}, 7, "mtu"),
+    ({"mac": "01:00:00:00:00:01"}, 7, "multicast"),
+    ({"interfaces": {"mtu": 9000}}, 7, "interfaces"),
+    ({"interfaces": [{"mac": "zz"}]}, 7, "interfaces[0].mac"),
+    ({"prevResult": []}, 7, "prevResult"),
+    ({"runtimeConfig": {"mac": 5}}, 7, "runtimeConfig.mac"),
+    ({"standalone": "yes"}, 7, "standalone"),
+])
+def test_invalid_config_names_the_key(shim, good, change, code, word):
+    conf = {k: v for k, v in {**good, **change}.items() if v is not None}
+    r = call(shim, conf)
+    assert r.code == 1 and r.error == code
+    assert word in r.out["msg"] + r.out.get("details", "")
+
+
+def test_standalone_without_a_state_dir_is_invalid(shim):
+    r = call(shim, {"cniVersion": "1.0.0", "name": "n", "type": "t", "standalone": True})
+    assert r.error == 7 and "stateDir" in r.out["msg"]
+
+
+@pytest.mark.parametrize("env, word", [
+    ({"container_id": ""}, "CNI_CONTAINERID"),
+    ({"container_id": "bad/id"}, "CNI_CONTAINERID"),
+    ({"ifname": ""}, "CNI_IFNAME"),
+    ({"ifname": "a-very-long-ifname"}, "CNI_IFNAME"),
+    ({"ifname": "a/b"}, "CNI_IFNAME"),
+    ({"ifname": ".."}, "CNI_IFNAME"),
+    ({"netns": ""}, "CNI_NETNS"),
+    ({"netns": "relative/ns"}, "CNI_NETNS"),
+    ({"args": "garbage"}, "CNI_ARGS"),
+    ({"args": "K8S_POD_UID=u1;FOO=bar"}, "FOO"),
+    ({"args": "IgnoreUnknown=maybe;K8S_POD_UID=u1"}, "IgnoreUnknown"),
+    ({"args": "IgnoreUnknown=1;K8S_POD_UID=u1;K8S_POD_UID=u2"}, "K8S_POD_UID"),
+    ({"args": "IgnoreUnknown=1"}, "K8S_POD_UID"),
+])
+def test_invalid_environment_is_code_4_naming_the_variable(shim, good, env, word):
+    r = call(shim, good, **env)
+    assert r.code == 1 and r.error == 4, r.out
+    assert word in r.out["msg"]
+
+
+def test_unknown_command_is_code_4(shim, good):
+    assert call(shim, good, command="FROB").error == 4
+
+
+def test_missing_netns_is_code_3(shim, good):
+    r = call(shim, good, netns="/run/netns/does-not-exist")
+    assert r.error == 3 and "does-not-exist" in r.out["msg"]
+
+
+def test_ignore_unknown_accepts_true_and_unknown_keys_in_any_order(shim, good):
+    args = "FOO=1;K8S_POD_UID=u1;IgnoreUnknown=true;K8S_POD_NAME=p;K8S_POD_NAMESPACE=default"
+    r = call(shim, good, args=args)
+    assert r.code == 0 and r.out["interfaces"] == []  # unknown pod: passed through
+
+
+def test_gc_and_status_need_a_1_1_config(shim, good):
+    for command in ("GC", "STATUS"):
+        r = call(shim, good, command=command)
+        assert r.error == 1 and "1.1.0" in r.out["msg"]
+
+
+def test_errors_answer_in_the_configs_version(shim, good):
+    for version in ("0.4.0", "1.0.0", "1.1.0"):
+        r = call(shim, {**good, "cniVersion": version, "mtu": "x"})
+        assert r.out["cniVersion"] == version
+        assert set(r.out) == {"cniVersion", "code", "msg", "details"}
+
+
+def test_del_with_nothing_recorded_succeeds_without_netns_or_path(shim, good):
+    r = call(shim, good, command="DEL", netns="", args="")
+    assert r.code == 0 and r.out is None
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
+    root = tmp_path_factory.mktemp("prop")
+    from railyard.agent.state import StateStore
+    from railyard.cni.grants import StoreGrants
+
+    p = Plugin(str(root / "state"), StoreGrants(StateStore(root / "state")),
+               RecordingRdma("shared"), settings=Settings(sysfs_root=str(root / "sysfs")))
+    yield p
+    p.close()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=4),
+    max_leaves=12)
+config_like = st.fixed_dictionaries(
+    {}, optional={"cniVersion": st.sampled_from(["0.4.0", "1.0.0", "1.1.0", "9"]) | json_values,
+                  "name": st.sampled_from(["rdma", ""]) | json_values,
+                  "type": json_values, "ipam": json_values, "mtu": json_values,
+                  "mac": json_values, "interfaces": json_values, "prevResult": json_values,
+                  "runtimeConfig": json_values, "cni.dev/valid-attachments": json_values})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conf=config_like | json_values,
+       command=st.sampled_from(["ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION", "X"]),
+       args=st.text(max_size=40), ifname=st.text(max_size=18))
+def test_any_input_gets_a_spec_answer_never_a_traceback(plugin: Plugin, conf, command, args,
+                                                        ifname):
+    env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "c1", "CNI_NETNS": "/proc/self/ns/net",
+           "CNI_IFNAME": ifname, "CNI_ARGS": args, "CNI_PATH": "/nonexistent"}
+    reply = plugin.handle(env, json.dumps(conf).encode())
+    assert reply.stderr == b""  # stderr only ever carries an internal error's traceback
+    if reply.code:
+        err = json.loads(reply.stdout)
+        assert isinstance(err["code"], int) and 1 <= err["code"] < 200 and err["msg"]
+    elif reply.stdout:
+        json.loads(reply.stdout)
+
+
+def test_shim_answers_version_without_a_service(tmp_path: Path, shim):
+    r = run_shim(shim, "VERSION", {"cniVersion": "0.4.0"})
+    assert r.out["cniVersion"] == "0.4.0" and "1.1.0" in r.out["supportedVersions"]
