@@ -48,6 +48,10 @@ def _row(name: str, ms: list[float], target: str) -> str:
     return f"| {name} | " + " | ".join(f"{v:.1f} ms" for v in cells) + f" | {target} |"
 
 
+def _share(total: list[float], part: list[float]) -> str:
+    return f"{statistics.median(total) - statistics.median(part):.0f}"
+
+
 def walk(root: Path) -> int:
     entries = 0
     for _, dirs, files in os.walk(root):
@@ -82,10 +86,17 @@ def run(repeats: int, process_repeats: int, vfs: int) -> str:
         tracemalloc.stop()
 
         command = [*railyard_command(), "discover", "--sysfs-root", str(root)]
-        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)  # warm caches
-        process_ms = timed_ms(
-            lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL),
-            process_repeats)
+        # Same-run references: a bare interpreter, and the CLI with no discovery at all.
+        bare = [sys.executable, "-c", "pass"]
+        no_discovery = [*railyard_command(), "discover", "--profile", "generic"]
+        process_ms, bare_ms, cli_ms = [], [], []
+        for cmd in (command, bare, no_discovery):
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)  # warm caches
+        for _ in range(process_repeats):  # interleaved, so load affects all three alike
+            for cmd, out in ((command, process_ms), (bare, bare_ms), (no_discovery, cli_ms)):
+                out.extend(timed_ms(
+                    lambda cmd=cmd: subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL),
+                    1))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -111,11 +122,16 @@ Baseline: a plain recursive `os.walk` of the same tree, measured in the same run
 {_row("`discover()` in-process", discover_ms, f"≤ {TARGET_IN_PROCESS_MS} ms")}
 {_row("baseline `os.walk` of the tree", walk_ms, "")}
 {_row(f"whole process `{shown}`", process_ms, f"≤ {TARGET_PROCESS_MS} ms")}
+{_row("reference: `railyard discover --profile generic` (CLI, no discovery)", cli_ms, "")}
+{_row("reference: `python -c pass` (interpreter start)", bare_ms, "")}
 
 - Discovery / walk: **{med / walk_med:.2f}×** the time of merely visiting every entry (discovery
   reads only the files it needs and resolves links without `realpath`).
 - Peak Python memory during one `discover()` (tracemalloc): **{peak / 2**20:.1f} MiB**.
 - Per VF: {med * 1000 / max(n_vfs, 1):.0f} µs of the in-process median.
+- Whole process minus the CLI without discovery (medians): {_share(process_ms, cli_ms)} ms —
+  discovery, the JSON document and its printing; the rest is the interpreter and the CLI's
+  imports and argument parsing (Typer, which imports pydantic when it parses arguments).
 """
 
 

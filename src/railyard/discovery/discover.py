@@ -122,7 +122,7 @@ class _Reader:
         fs = self.fs
         node_dir = fs.path("sys", "devices", "system", "node")
         ids = sorted(
-            int(name[4:]) for name in fs.listdir(node_dir)
+            int(name[4:]) for name in fs.listdir(node_dir, optional=True)
             if name.startswith("node") and name[4:].isdigit()
         )
         if not ids:
