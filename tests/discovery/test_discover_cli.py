@@ -83,3 +83,14 @@ def test_discover_on_this_machine_does_not_fail() -> None:
     result = runner.invoke(app, ["discover", "--format", "matrix"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("Node ")
+
+
+def test_matrix_says_n_a_for_a_gpu_without_numa_node() -> None:
+    from dataclasses import replace
+
+    from railyard.cli.discover import format_matrix
+
+    t = build_topology(GENERIC, 0)
+    t = replace(t, gpus=(replace(t.gpus[0], numa_node=None), t.gpus[1]))
+    gpu0 = next(line for line in format_matrix(t).splitlines() if line.startswith("GPU0 "))
+    assert gpu0.split() == ["GPU0", "PIX", "NODE", "N/A", "N/A"]
