@@ -49,6 +49,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         (["--policies", "fifo"], "unknown policy 'fifo'"),
         (["--cluster", "dgx-h100:x"], "count must be a positive integer"),
         (["--cluster", "no-such-profile:2"], "unknown profile"),
+        (["--cluster", str(tmp_path / "cluster.yaml")], "no such file"),
         (["--trace", str(tmp_path / "missing.csv")], "neither a built-in trace"),
         (["--vf-share", "2"], "vf share must be within 0..1"),
         (["--load", "0"], "--load must be within"),

@@ -64,8 +64,12 @@ def simulate(
         if not 0 < load <= 10:
             raise ValueError(f"--load must be within (0, 10], got {load}")
         spec_path = Path(cluster)
-        topologies = list(load_cluster(spec_path) if spec_path.is_file()
-                          else cluster_from_spec(cluster))
+        if spec_path.is_file():
+            topologies = list(load_cluster(spec_path))
+        elif spec_path.suffix in (".yaml", ".yml", ".json") or "/" in cluster:
+            raise ValueError(f"cluster file {cluster}: no such file")
+        else:
+            topologies = list(cluster_from_spec(cluster))
         workload = load_trace(trace)
     except (PolicyError, ClusterFileError, TraceError, ValueError) as exc:
         fail(str(exc))
