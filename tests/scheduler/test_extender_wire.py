@@ -123,3 +123,16 @@ def test_any_pod_shape_gives_facts_or_a_wire_error(p):
         pod_facts(p if isinstance(p, dict) else {"metadata": p})
     except WireError as e:
         assert str(e)
+
+
+def test_same_uid_and_resource_version_reuses_the_parsed_request():
+    p = pod("u1", gpus=2, vfs=2)
+    p["metadata"]["resourceVersion"] = "7"
+    first = pod_facts(p)
+    changed = pod("u1", gpus=4, vfs=4)
+    changed["metadata"]["resourceVersion"] = "7"
+    assert pod_facts(changed, {"u1": first}.get) is first
+    changed["metadata"]["resourceVersion"] = "8"
+    assert pod_facts(changed, {"u1": first}.get).request.gpus == 4
+    del changed["metadata"]["resourceVersion"]  # no version: always parsed
+    assert pod_facts(changed, {"u1": first}.get).request.gpus == 4

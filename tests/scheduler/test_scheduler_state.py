@@ -197,3 +197,11 @@ def test_grouped_filter_always_equals_asking_each_node(sequence):
         for n in names:
             direct = s.allocator.allocate(s.topology(n), s.ledger(n), req)
             assert (n in out.fits) == (not isinstance(direct, Infeasible))
+
+
+def test_each_node_of_a_group_gets_a_reason_naming_itself():
+    s = state("dgx-h100:3")
+    out = s.filter(gpu_vf(16), ["dgx-h100-002", "dgx-h100-001"])
+    for name, reason in out.unresolvable.items():
+        others = {"dgx-h100-000", "dgx-h100-001", "dgx-h100-002"} - {name}
+        assert name in reason and not any(o in reason for o in others), reason

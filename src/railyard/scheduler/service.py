@@ -26,6 +26,7 @@ from railyard.scheduler.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderPreemptionArgs,
+    HostPriority,
     PodFacts,
     WireError,
     decode,
@@ -125,7 +126,7 @@ class Extender:
     def _filter(self, body: bytes) -> web.Response:
         try:
             args = decode(body, ExtenderArgs)
-            facts = pod_facts(args.Pod)
+            facts = pod_facts(args.Pod, self.pods.get)
             if args.NodeNames is not None:
                 names, node_list = args.NodeNames, None
             elif args.Nodes is not None:
@@ -159,7 +160,7 @@ class Extender:
             body = await request.read()
             try:
                 args = decode(body, ExtenderArgs)
-                facts = pod_facts(args.Pod)
+                facts = pod_facts(args.Pod, self.pods.get)
                 if args.NodeNames is not None:
                     names = args.NodeNames
                 elif args.Nodes is not None:
@@ -172,7 +173,7 @@ class Extender:
                 return web.Response(status=400, text=str(e))
             self.pods.put(facts)
             scores = self.state.scores(facts.request, names)
-            return _json([{"Host": n, "Score": s} for n, s in scores.items()])
+            return _json([HostPriority(n, s) for n, s in scores.items()])
         finally:
             self.metrics.latency["prioritize"].observe(time.perf_counter() - t0)
 
@@ -266,7 +267,7 @@ class Extender:
         try:
             try:
                 args = decode(await request.read(), ExtenderPreemptionArgs)
-                facts = pod_facts(args.Pod)
+                facts = pod_facts(args.Pod, self.pods.get)
                 candidates: dict[str, tuple[list[str], int]] = {}
                 if args.NodeNameToMetaVictims is not None:
                     for node, v in args.NodeNameToMetaVictims.items():

@@ -9,6 +9,7 @@ call per distinct group. Changes (bind, release) take the node's lock.
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import weakref
 from collections.abc import Iterable
@@ -66,7 +67,28 @@ class _Group:
     def __init__(self, key: tuple) -> None:
         self.key = key
         self.shape: int = key[0]
-        self.answers: dict[tuple, Infeasible | int | None] = {}
+        self.answers: dict[tuple, _Verdict | int | None] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """An Infeasible answered for a whole group. The allocator may name the node it was
+    asked about in the reason; each member gets the reason with its own name."""
+
+    reason: str
+    unresolvable: bool
+    asked: re.Pattern[str] | None  # the asked node's name as a whole word, when present
+
+    @classmethod
+    def of(cls, result: Infeasible, asked_node: str) -> _Verdict:
+        word = re.compile(rf"(?<![\w.-]){re.escape(asked_node)}(?![\w.-])")
+        return cls(result.reason, result.unresolvable,
+                   word if word.search(result.reason) else None)
+
+    def reason_for(self, node: str) -> str:
+        if self.asked is None:
+            return self.reason
+        return self.asked.sub(lambda _: node, self.reason)
 
 
 class _Node:
@@ -215,7 +237,7 @@ class ClusterState:
         return groups, of_name
 
     def _answer(self, g: _Group, member: str, request: Request, score: bool) -> Any:
-        """The allocator's verdict (None: fits, else Infeasible) or score for a group."""
+        """The allocator's verdict (None: fits) or score for a group."""
         key = (score, request.shape)
         hit = g.answers.get(key, _MISSING)
         if hit is not _MISSING:
@@ -229,7 +251,8 @@ class ClusterState:
                     self.allocator.node_score(topology, ledger, request))))
             else:
                 result = self.allocator.allocate(topology, ledger, request)
-                answer = result if isinstance(result, Infeasible) else None
+                answer = _Verdict.of(result, topology.node) if isinstance(
+                    result, Infeasible) else None
         if len(g.answers) >= _ANSWERS_PER_GROUP:
             g.answers.clear()
         g.answers[key] = answer
@@ -245,8 +268,8 @@ class ClusterState:
             out.fits = names  # none of our resources: not ours to judge
             return out
         groups, of_name = self._grouped(names)
-        verdicts = {g: self._answer(g, members[0], request, False)
-                    for g, members in groups.items()}
+        verdicts: dict[_Group, _Verdict | None] = {
+            g: self._answer(g, members[0], request, False) for g, members in groups.items()}
         # Answer in the caller's order: kube-scheduler does not care, people reading do.
         fits = out.fits
         for name, g in zip(names, of_name, strict=True):
@@ -257,9 +280,9 @@ class ClusterState:
             if verdict is None:
                 fits.append(name)
             elif verdict.unresolvable:
-                out.unresolvable[name] = verdict.reason
+                out.unresolvable[name] = verdict.reason_for(name)
             else:
-                out.failed[name] = verdict.reason
+                out.failed[name] = verdict.reason_for(name)
         return out
 
     def scores(self, request: Request, node_names: Iterable[str]) -> dict[str, int]:

@@ -7,6 +7,7 @@ C and reports type errors with a JSON path, which becomes the `Error` a user rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -76,10 +77,22 @@ class PodFacts:
     namespace: str
     name: str
     request: Request
+    resource_version: str | None = None  # same UID and version: same pod, same request
 
 
-def pod_facts(pod: dict[str, Any] | None) -> PodFacts:
-    """UID, namespace, name and the parsed Railyard request of a v1 Pod."""
+class HostPriority(msgspec.Struct):
+    Host: str
+    Score: int
+
+
+def pod_facts(pod: dict[str, Any] | None,
+              seen: Callable[[str], PodFacts | None] | None = None) -> PodFacts:
+    """UID, namespace, name and the parsed Railyard request of a v1 Pod.
+
+    `seen` looks up facts parsed before by UID; when the pod's resourceVersion is the same,
+    the object is the same (kube-scheduler sends one Pod to filter, then prioritize) and
+    parsing is skipped.
+    """
     if pod is None:
         raise WireError("Pod: missing")
     meta = pod.get("metadata")
@@ -88,6 +101,12 @@ def pod_facts(pod: dict[str, Any] | None) -> PodFacts:
     uid = meta.get("uid")
     if not isinstance(uid, str) or not uid:
         raise WireError("Pod.metadata.uid: missing (bind is keyed by UID)")
+    version = meta.get("resourceVersion")
+    version = version if isinstance(version, str) and version else None
+    if seen is not None and version is not None:
+        known = seen(uid)
+        if known is not None and known.resource_version == version:
+            return known
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise WireError("Pod.metadata.name: missing")
@@ -98,7 +117,7 @@ def pod_facts(pod: dict[str, Any] | None) -> PodFacts:
         request = request_from_pod(pod)
     except RequestError as e:
         raise WireError(f"Pod {namespace}/{name}: {e}") from None
-    return PodFacts(uid, namespace, name, request)
+    return PodFacts(uid, namespace, name, request, version)
 
 
 def node_list_names(nodes: dict[str, Any]) -> list[str]:
