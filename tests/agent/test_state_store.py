@@ -169,3 +169,25 @@ def test_record_codec_round_trips(gpus, consumed, section):
                   tuple(Consumed(c, res, tuple(ids)) for c, res, ids in consumed),
                   {"x": section})
     assert record_from_json(json.loads(json.dumps(record_to_json(r)))) == r
+
+
+def test_deferred_durability_is_visible_at_once_and_flushed_soon(tmp_path, topo, monkeypatch):
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    s = StateStore(tmp_path, durability="deferred")
+    s.put(POD, paired_allocation(topo, [0]))
+    assert StateStore(tmp_path).get(POD.uid) is not None  # another reader sees it now
+    s.flush()
+    assert len(synced) == 2  # the file and its folder
+    s.close()
+
+
+def test_a_write_by_another_store_is_seen_despite_the_cache(tmp_path, topo):
+    a, b = StateStore(tmp_path), StateStore(tmp_path)
+    a.put(POD, paired_allocation(topo, [0]))
+    assert b.get(POD.uid).consumed == ()
+    a.mark_consumed(POD.uid, "main", "railyard.dev/vf", ["x"])
+    assert b.get(POD.uid).consumed_ids("railyard.dev/vf") == ("x",)
+    a.remove(POD.uid)
+    assert b.get(POD.uid) is None

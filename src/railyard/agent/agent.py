@@ -55,7 +55,10 @@ class Agent:
         self._topology = topology
         self.paths = KubeletPaths(options.kubelet_dir)
         self.probe = SysfsProbe(options.sysfs_root)
-        self.store = StateStore(options.state_dir, node=options.node_name)
+        # Deferred durability keeps fsync off kubelet's admission path (decision 0032); what a
+        # power loss could lose is rebuilt from PodResources by the check at start.
+        self.store = StateStore(options.state_dir, node=options.node_name,
+                                durability="deferred")
         self.lists: dict[Kind, DeviceList] = {}
         self.endpoints: dict[Kind, PluginEndpoint] = {}
         self.admission: Admission | None = None
@@ -127,6 +130,7 @@ class Agent:
             asyncio.create_task(self._gc_loop(), name="gc"),
         ]
         await self._start_cni()
+        self._verify_task = asyncio.create_task(self.verify())  # repair what a crash lost
 
     async def stop(self) -> None:
         for w in self._watches:
@@ -140,6 +144,7 @@ class Agent:
                     await t
         for ep in self.endpoints.values():
             await ep.stop()
+        await asyncio.to_thread(self.store.close)
         if self._cni is not None:
             stop = getattr(self._cni, "stop", None) or getattr(self._cni, "close", None)
             self._cni = None

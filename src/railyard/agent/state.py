@@ -10,8 +10,10 @@ of one. `<state_dir>/.lock` is taken with `flock` around every read-modify-write
 
 API (all methods are synchronous and fast; call them from asyncio code directly):
 
-- `StateStore(state_dir, node=None)` — creates the folders; with `node`, `put` refuses an
-  Allocation for another node.
+- `StateStore(state_dir, node=None, durability="fsync")` — creates the folders; with `node`,
+  `put` refuses an Allocation for another node. `durability="deferred"` (the agent's choice
+  on kubelet's admission path) renames synchronously and fsyncs from a background thread
+  within ~20 ms; `.flush()` forces it, `.close()` stops the thread.
 - `.put(pod: PodKey, allocation, consumed=None)` — record (or replace) the pod's Allocation;
   what was already consumed and the pod's sections are kept when the UID is the same;
   `consumed=Consumed(container, resource, ids)` notes a consumption in the same write.
@@ -38,10 +40,11 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from railyard.allocation.types import Allocation, NicRef
 from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
@@ -159,13 +162,81 @@ def record_from_json(v: Any) -> PodRecord:
 
 # ----------------------------------------------------------------------- the store
 
+Durability = Literal["fsync", "deferred"]
+FLUSH_DELAY_S = 0.02
+
+
+class _Flusher:
+    """Deferred durability: fsync renamed files and their folder from a background thread.
+
+    A write is visible to every process as soon as it is renamed into place and survives a
+    crash of the writer; only a power loss within ~FLUSH_DELAY_S can lose it, after which the
+    agent rebuilds records from PodResources at start (docs/decisions/0032).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._pending: set[Path] = set()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="railyard-state-flush",
+                                        daemon=True)
+        self._thread.start()
+
+    def later(self, path: Path) -> None:
+        with self._cond:
+            self._pending.add(path)
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._pending and not self._stopped:
+                    self._cond.wait()
+                if self._stopped and not self._pending:
+                    return
+            time.sleep(FLUSH_DELAY_S)  # gather the writes of one admission into one pass
+            self.flush()
+
+    def flush(self) -> None:
+        with self._cond:
+            paths, self._pending = self._pending, set()
+        if not paths:
+            return
+        for p in paths:
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # replaced or removed since: its successor is pending or gone
+            try:
+                os.fsync(fd)
+            except OSError as e:
+                log.warning("state store: fsync %s: %s", p, e.strerror or e)
+            finally:
+                os.close(fd)
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join()
+        self.flush()
+
+
 
 class StateStore:
     """One folder of pod records; every change is atomic and serialised by a file lock."""
 
-    def __init__(self, state_dir: str | os.PathLike[str], node: str | None = None) -> None:
+    def __init__(self, state_dir: str | os.PathLike[str], node: str | None = None, *,
+                 durability: Durability = "fsync") -> None:
         self.root = Path(state_dir)
         self.node = node
+        self.durability = durability
         self.pods_dir = self.root / "pods"
         try:
             self.pods_dir.mkdir(parents=True, exist_ok=True)
@@ -177,6 +248,11 @@ class StateStore:
         self._thread_lock = threading.RLock()
         self._depth = 0
         self._fd: int | None = None
+        # Decoded records by file, valid while the file's (mtime, size, inode) stays: every
+        # write renames a new inode into place, so another process's write is always seen.
+        self._cache: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
+        self._flusher: _Flusher | None = _Flusher(self.pods_dir) \
+            if durability == "deferred" else None
 
     # ------------------------------------------------------------------ locking
 
@@ -210,18 +286,27 @@ class StateStore:
         return self.pods_dir / f"{uid}.json"
 
     def _read(self, path: Path) -> PodRecord | None:
+        key = str(path)
         try:
+            st = os.stat(key)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            hit = self._cache.get(key)
+            if hit is not None and hit[0] == stamp:
+                return hit[1]
             data = path.read_bytes()
         except FileNotFoundError:
+            self._cache.pop(key, None)
             return None
         except OSError as e:
             raise StateError(path, e.strerror or str(e)) from None
         try:
-            return record_from_json(json.loads(data))
+            rec = record_from_json(json.loads(data))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise StateError(path, f"not valid JSON: {e}") from None
         except RecordError as e:
             raise StateError(path, str(e)) from None
+        self._cache[key] = (stamp, rec)
+        return rec
 
     def _write(self, r: PodRecord) -> None:
         path = self._path(r.uid)
@@ -231,11 +316,17 @@ class StateStore:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, body)
-                os.fsync(fd)
+                if self._flusher is None:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-            self._fsync_dir()
+            st = os.stat(path)
+            self._cache[str(path)] = ((st.st_mtime_ns, st.st_size, st.st_ino), r)
+            if self._flusher is None:
+                self._fsync_dir()
+            else:
+                self._flusher.later(path)
         except OSError as e:
             with contextlib.suppress(OSError):
                 tmp.unlink()
@@ -340,12 +431,27 @@ class StateStore:
 
     def remove(self, uid: str) -> bool:
         with self.locked():
+            path = self._path(uid)
+            self._cache.pop(str(path), None)
             try:
-                self._path(uid).unlink()
+                path.unlink()
             except FileNotFoundError:
                 return False
-            self._fsync_dir()
+            if self._flusher is None:
+                self._fsync_dir()
+            else:
+                self._flusher.later(path)  # gone: only the folder is synced
             return True
+
+    def flush(self) -> None:
+        """Make every write so far durable now (deferred mode; a no-op otherwise)."""
+        if self._flusher is not None:
+            self._flusher.flush()
+
+    def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.stop()
+            self._flusher = None
 
     def granted_nics(self, uid: str) -> tuple[NicRef, ...]:
         """The pod's NICs in pair order; () for a pod this node holds no record of."""

@@ -111,7 +111,8 @@ class Admission:
         if not cands:
             log.info("%s: no pending pod on %s asks for %d; best local choice", resource,
                      self.node, size)
-            return choose_local(self.topology, kind, available, must_include, size)
+            return choose_local(self.topology, kind, available, must_include, size,
+                                index=self.index)
         c = cands[0]
         alloc, expected = c.allocation, c.expected
         if alloc is None:
@@ -122,7 +123,8 @@ class Admission:
             answer = list(expected)
         else:
             answer = choose_local(self.topology, kind, available, must_include, size,
-                                  keep=expected, partners=self._partners(alloc, kind, expected))
+                                  keep=expected, partners=self._partners(alloc, kind, expected),
+                                  index=self.index)
             log.warning("%s: %s recorded %s for %s but kubelet offers %d of them; "
                         "preferring %s", c.pod, resource, list(expected), c.container,
                         len(set(expected) & set(available)), answer)
@@ -225,12 +227,14 @@ class Admission:
 
     def _greedy_plan(self, request: Request, free: Mapping[Kind, frozenset[str]]) -> Allocation:
         topo = self.topology
-        gpus = choose_local(topo, "gpu", sorted(free["gpu"]), (), request.gpus)
-        vfs = choose_local(topo, "vf", sorted(free["vf"]), (), request.vfs, partners=gpus)
+        idx = self.index
+        gpus = choose_local(topo, "gpu", sorted(free["gpu"]), (), request.gpus, index=idx)
+        vfs = choose_local(topo, "vf", sorted(free["vf"]), (), request.vfs, partners=gpus,
+                           index=idx)
         pfs = choose_local(topo, "pf", sorted(free["pf"]), (), request.pfs,
-                           partners=gpus[len(vfs):])
+                           partners=gpus[len(vfs):], index=idx)
         return reconcile(topo, None, {"gpu": gpus, "vf": vfs, "pf": pfs},
-                         decided_at=self.clock())
+                         decided_at=self.clock(), index=idx)
 
     # ------------------------------------------------------------------ allocate
 
@@ -268,7 +272,8 @@ class Admission:
         agrees = all(set(ids_of(base, k)) >= set(v) for k, v in actual.items())
         alloc = base
         if not agrees:
-            alloc = reconcile(self.topology, base, actual, decided_at=self.clock())
+            alloc = reconcile(self.topology, base, actual, decided_at=self.clock(),
+                              index=self.index)
             log.warning("%s: kubelet gave %s %s to %s, not the recorded %s; recording what "
                         "kubelet gave (decidedBy: node)", pod, resource, ids, c.container,
                         list(c.expected))
@@ -335,7 +340,8 @@ class Admission:
             if alloc_ok and consumed_ok:
                 continue
             if not alloc_ok:
-                new = reconcile(self.topology, base, actual, decided_at=self.clock())
+                new = reconcile(self.topology, base, actual, decided_at=self.clock(),
+                                index=self.index)
                 msg = (f"{pod}: kubelet assigned {dict(actual)}, which differs from the "
                        f"record; the node's record now holds what kubelet assigned "
                        f"(decidedBy: node)")

@@ -54,12 +54,14 @@ def _ordered(ids: Iterable[str], preferred: tuple[str, ...]) -> list[str]:
 
 
 def reconcile(topology: NodeTopology, base: Allocation | None,
-              actual: Mapping[Kind, Iterable[str]], *, decided_at: str | None) -> Allocation:
+              actual: Mapping[Kind, Iterable[str]], *, decided_at: str | None,
+              index: DeviceIndex | None = None) -> Allocation:
     """An Allocation holding exactly the `actual` IDs (per kind), pairs kept where possible.
 
     Kinds absent from `actual` keep the base's IDs. The result is `decidedBy: node`.
+    `index` saves rebuilding the ID index of a big node on every call.
     """
-    idx = DeviceIndex(topology)
+    idx = index or DeviceIndex(topology)
     base_ids = {k: ids_of(base, k) if base else () for k in ("gpu", "vf", "pf")}
     ids = {k: _ordered(actual[k], base_ids[k]) if k in actual else list(base_ids[k])
            for k in ("gpu", "vf", "pf")}
@@ -127,11 +129,11 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
 
 def choose_local(topology: NodeTopology, kind: Kind, available: Iterable[str],
                  must_include: Iterable[str], size: int, *, keep: Iterable[str] = (),
-                 partners: Iterable[str] = ()) -> list[str]:
+                 partners: Iterable[str] = (), index: DeviceIndex | None = None) -> list[str]:
     """Pick `size` of `available`: kubelet's must-includes, then `keep` (recorded IDs still
     offered), then nearest to the pod's unmatched `partners` (GPU IDs when choosing NICs, NIC
     IDs when choosing GPUs), spreading NICs over PFs; PCI address breaks ties."""
-    idx = DeviceIndex(topology)
+    idx = index or DeviceIndex(topology)
     avail = [a for a in dict.fromkeys(available)
              if (a in idx.gpus if kind == "gpu" else a in idx.nics and idx.nics[a].kind == kind)]
     chosen: list[str] = []
@@ -153,18 +155,26 @@ def choose_local(topology: NodeTopology, kind: Kind, available: Iterable[str],
             todo.remove(min(todo, key=lambda p: (dist(c, p), p)))
     per_pf: Counter[str] = Counter(idx.nics[c].pf_pci_address for c in chosen
                                    if c in idx.nics)
+    taken = set(chosen)
     while len(chosen) < size:
-        rest = [a for a in avail if a not in chosen]
+        # VFs of one PF are interchangeable here: weigh only the lowest free one of each PF.
+        rest: dict[str, str] = {}
+        for a in avail:
+            if a not in taken:
+                group = idx.nics[a].pf_pci_address if kind == "vf" else a
+                if group not in rest or a < rest[group]:
+                    rest[group] = a
         if not rest:
             break
+        partner = todo[0] if todo else None
 
-        def cost(a: str, partner: str | None) -> tuple:
+        def cost(a: str, partner: str | None = partner) -> tuple:
             crowd = per_pf[idx.nics[a].pf_pci_address] if kind != "gpu" else 0
             return (dist(a, partner) if partner else 0, crowd, a)
 
-        partner = todo[0] if todo else None
-        best = min(rest, key=lambda a: cost(a, partner))
+        best = min(rest.values(), key=cost)
         chosen.append(best)
+        taken.add(best)
         if todo:
             todo.pop(0)
         if kind != "gpu":
