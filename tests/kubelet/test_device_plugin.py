@@ -154,3 +154,19 @@ async def test_plugin_watcher_mode_serves_registration_and_never_calls_register(
         assert r.kubelet.registrations == []
         assert not os.path.exists(kdir / "device-plugins" / "railyard.dev_vf.sock")
     shutil.rmtree(kdir, ignore_errors=True)
+
+
+@async_test
+async def test_vfs_and_a_pf_in_one_container_get_one_nccl_hca_from_the_last_plugin(
+        tmp_path, generic_tree):
+    alloc = allocation(TOPO, [(0, VFS0[0]), (1, PF1)])
+    p = pod("uid-mix", {"main": {GPU: 2, VF: 1, PF: 1}}, alloc=alloc)
+    async with rig(tmp_path, generic_tree, [p]) as r:
+        vf, pf, gpu = (r.kubelet.client(x) for x in (VF, PF, GPU))
+        v = await vf.allocate([VFS0[0]])
+        f = await pf.allocate([PF1])
+        g = await gpu.allocate([G0, G1])
+        assert "NCCL_IB_HCA" not in v.envs and "NCCL_IB_HCA" not in f.envs
+        v0 = TOPO.vf(VFS0[0])[1]
+        assert g.envs["NCCL_IB_HCA"] == f"={v0.rdma_device}:1,{TOPO.nics[1].rdma_device}:1"
+        assert len(json.loads(g.envs["RAILYARD_PAIRS"])) == 2

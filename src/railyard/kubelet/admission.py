@@ -281,12 +281,23 @@ class Admission:
                              consumed=Consumed(c.container, resource, tuple(ids)))
         grant = self._grant(kind, resource, ids, alloc, ids)
         container = next(x for x in pod.containers if x.name == c.container)
+        both_nic_kinds = container.count(self.names.vf) and container.count(self.names.pf)
+        if both_nic_kinds:
+            # Kubelet keeps the first plugin's value of a variable two plugins set, so a
+            # variable that spans resources comes from the container's last plugin only.
+            grant.envs.pop("NCCL_IB_HCA", None)
         if all(rec.is_consumed(c.container, r) for r, _ in container.devices):
             mine = {k: [i for cons in rec.consumed if cons.container == c.container
                         and cons.resource == self.resource_of(k) for i in cons.device_ids]
                     for k in KINDS}
             grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=mine["gpu"],
                                                nics=mine["vf"] + mine["pf"])
+            if both_nic_kinds:
+                nics = set(mine["vf"] + mine["pf"])
+                hcas = list(dict.fromkeys(n.rdma_device for n in alloc.all_nics
+                                          if n.pci_address in nics and n.rdma_device))
+                if hcas:
+                    grant.envs["NCCL_IB_HCA"] = "=" + ",".join(f"{h}:1" for h in hcas)
         if self.on_allocated is not None:
             self.on_allocated(pod, grant)
         return grant
