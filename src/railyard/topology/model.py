@@ -74,7 +74,9 @@ def pcie_distance(a: PciePath, b: PciePath, numa_a: int | None, numa_b: int | No
             return Distance.NODE
         return Distance.SYS
     if a.parent == b.parent:
-        return Distance.PIX  # functions of one device, or siblings under one bridge
+        # Functions of one device, or siblings under one bridge; two devices hanging
+        # directly on a root bus meet only at the host bridge.
+        return Distance.PIX if a.bridges else Distance.PHB
     sa, sb = a.switches, b.switches
     shared = 0
     for x, y in zip(sa, sb, strict=False):
@@ -126,8 +128,13 @@ class Vf:
 
     @property
     def is_rdma(self) -> bool:
-        """A VF serves RDMA unless bound to vfio-pci (it has an RDMA device, or a pod holds it)."""
-        return self.driver != "vfio-pci"
+        """An RDMA VF has an RDMA device, or is bound to a netdev driver while a pod holds it.
+
+        A VF bound to vfio-pci (handed to a VM or DPDK) or to no driver at all serves no RDMA.
+        """
+        if self.rdma_device is not None:
+            return True
+        return self.driver is not None and self.driver != "vfio-pci"
 
 
 @dataclass(frozen=True, slots=True)
