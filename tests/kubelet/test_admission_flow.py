@@ -122,6 +122,8 @@ async def test_default_route_and_vfio_vfs_are_never_offered(tmp_path, fresh_tree
         f.write(f"{nic.vfs[0].netdev}\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0\n")
         f.write(f"{TOPO.nics[0].netdev}\t00000000\t0100000A\t0003\t0\t0\t50\t00000000\t0\t0\t0\n")
     vfio = pci_dir(root, VFS1[3])
+    for sub in ("infiniband", "infiniband_verbs", "net"):  # vfio-pci drops them
+        shutil.rmtree(os.path.join(vfio, sub))
     os.unlink(os.path.join(vfio, "driver"))
     drivers = root / "sys" / "bus" / "pci" / "drivers" / "vfio-pci"
     drivers.mkdir(parents=True)

@@ -196,3 +196,14 @@ def test_pf_names_are_whole_pfs():
     a = allocation(TOPO, [(0, COMPUTE[0].pci_address)])
     assert ids_of(a, "pf") == (COMPUTE[0].pci_address,) and ids_of(a, "vf") == ()
     assert NAMES.pf == PF
+
+
+def test_a_vfio_vf_is_never_offered_even_with_a_stale_rdma_name():
+    from dataclasses import replace
+
+    from railyard.kubelet.inventory import offered_devices
+    nic = COMPUTE[0]
+    vfio = replace(nic.vfs[0], driver="vfio-pci")
+    topo = replace(TOPO, nics=(replace(nic, vfs=(vfio, *nic.vfs[1:])),))
+    ids = {d.id for d in offered_devices(topo, "vf")}
+    assert vfio.pci_address not in ids and nic.vfs[1].pci_address in ids

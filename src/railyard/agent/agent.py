@@ -219,7 +219,13 @@ class Agent:
         return dl.ids() - dl.unhealthy
 
     async def _scan_health(self) -> None:
-        bad = await asyncio.to_thread(self.probe.unhealthy, self.topology)
+        # On the event loop, one PF (and its VFs) at a time: a slice takes ~1.5 ms with 127
+        # VFs, so a kubelet call waits at most that long (a thread would hold the GIL for up
+        # to the 5 ms switch interval at a time).
+        bad = self.probe.unhealthy_gpus(self.topology)
+        for nic in self.topology.nics:
+            await asyncio.sleep(0)
+            bad.update(self.probe.unhealthy_nic(nic))
         for dev, why in bad.items():
             if self.unhealthy.get(dev) != why:
                 log.warning("unhealthy: %s: %s", dev, why)
