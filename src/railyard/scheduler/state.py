@@ -12,7 +12,7 @@ import itertools
 import re
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -91,17 +91,52 @@ class _Verdict:
         return self.asked.sub(lambda _: node, self.reason)
 
 
+class _UnknownNode:
+    """The verdict for names without a topology."""
+
+    unresolvable = True
+
+    @staticmethod
+    def reason_for(node: str) -> str:
+        return unknown_node_reason(node)
+
+
+_UNKNOWN: Any = _UnknownNode()
+
+
 class _Node:
-    __slots__ = ("generation", "group", "ledger", "lock", "odd_vfs", "shape", "topology")
+    __slots__ = ("ledger", "lock", "name", "odd_vfs", "shape", "topology")
 
     def __init__(self, topology: NodeTopology, shape: int, odd_vfs: frozenset[str]) -> None:
         self.topology = topology
+        self.name = topology.node
         self.shape = shape
         self.odd_vfs = odd_vfs  # VFs never offered: their use is not in the signature
-        self.ledger: Ledger | None = None  # created on first use: most nodes start empty
+        self.ledger: _TrackedLedger | None = None  # created on first use: most start empty
         self.lock = threading.Lock()  # guards this node's ledger
-        self.generation = -1
-        self.group: _Group | None = None
+
+
+class _TrackedLedger(Ledger):
+    """A Ledger that tells the cluster state when it changes, however it is changed (the
+    state's own bind/release, or a caller holding `ClusterState.ledger(name)`), so each
+    node's group is always current and grouping a name is one dict lookup."""
+
+    def __init__(self, topology: NodeTopology, holders: Iterable[tuple[str, Allocation]] = (),
+                 on_change: Callable[[], None] | None = None) -> None:
+        self._on_change: Callable[[], None] | None = None
+        super().__init__(topology, holders)
+        self._on_change = on_change
+
+    def add(self, holder: str, alloc: Allocation) -> None:
+        super().add(holder, alloc)
+        if self._on_change is not None:
+            self._on_change()
+
+    def remove(self, holder: str) -> Allocation | None:
+        alloc = super().remove(holder)
+        if alloc is not None and self._on_change is not None:
+            self._on_change()
+        return alloc
 
 
 def _never_offered(t: NodeTopology) -> frozenset[str]:
@@ -147,6 +182,9 @@ class ClusterState:
         self._blank = [Ledger(t) for t in self._canon]  # never changed: the empty node
         self._empty = [self._intern((s, self._blank[s].signature(), ()))
                        for s in range(len(shapes))]
+        # Every node's current group, by name: filter maps names through this in C.
+        self._group_of_name: dict[str, _Group] = {
+            name: self._empty[n.shape] for name, n in self._nodes.items()}
         self._pods: dict[str, BoundPod] = {}
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
 
@@ -187,8 +225,12 @@ class ClusterState:
 
     def _ledger(self, node: _Node) -> Ledger:
         if node.ledger is None:
-            node.ledger = Ledger(node.topology)
+            node.ledger = self._new_ledger(node)
         return node.ledger
+
+    def _new_ledger(self, node: _Node,
+                    holders: Iterable[tuple[str, Allocation]] = ()) -> _TrackedLedger:
+        return _TrackedLedger(node.topology, holders, lambda: self._regroup(node))
 
     def _any_of_shape(self, shape: int) -> NodeTopology:
         return next(n.topology for n in self._keep if n.shape == shape)
@@ -199,46 +241,25 @@ class ClusterState:
             g = self._groups[key] = _Group(key)
         return g
 
-    def _group_of(self, node: _Node) -> _Group:
+    def _regroup(self, node: _Node) -> None:
+        """The node's ledger changed: move it to the group of its new free state. Runs
+        inside the change, so under whatever lock the changer holds."""
         led = node.ledger
         if led is None:
-            return self._empty[node.shape]
-        if node.generation != led.generation or node.group is None:
-            # Read the signature under the lock: a threaded caller may be binding here.
-            with node.lock:
-                node.generation = led.generation
-                odd = tuple(sorted(node.odd_vfs & led.used_vfs)) if node.odd_vfs else ()
-                node.group = self._intern((node.shape, led.signature(), odd))
-        return node.group
+            return
+        odd = tuple(sorted(node.odd_vfs & led.used_vfs)) if node.odd_vfs else ()
+        self._group_of_name[node.name] = self._intern((node.shape, led.signature(), odd))
 
-    def _grouped(self, names: list[str]) -> tuple[dict[_Group, list[str]], list[_Group | None]]:
-        """Names by group, and each name's group (None: unknown node) in input order."""
-        groups: dict[_Group, list[str]] = {}
-        of_name: list[_Group | None] = []
-        nodes, empty = self._nodes, self._empty
-        for name in names:
-            node = nodes.get(name)
-            if node is None:
-                of_name.append(None)
-                continue
-            led = node.ledger
-            if led is None:
-                g = empty[node.shape]
-            elif node.generation == led.generation and node.group is not None:
-                g = node.group
-            else:
-                g = self._group_of(node)
-            of_name.append(g)
-            members = groups.get(g)
-            if members is None:
-                groups[g] = [name]
-            else:
-                members.append(name)
-        return groups, of_name
+    def _grouped(self, names: list[str]) -> tuple[list[_Group | None], dict[_Group, str]]:
+        """Each name's group (None: unknown node), and one member name per group."""
+        of_name = list(map(self._group_of_name.get, names))
+        some_member = dict(zip(of_name, names, strict=True))
+        some_member.pop(None, None)  # type: ignore[call-overload]
+        return of_name, some_member  # type: ignore[return-value]
 
-    def _answer(self, g: _Group, member: str, request: Request, score: bool) -> Any:
-        """The allocator's verdict (None: fits) or score for a group."""
-        key = (score, request.shape)
+    def _answer(self, g: _Group, member: str, request: Request, key: tuple) -> Any:
+        """The allocator's verdict (None: fits) or score for a group; `key` is
+        (is a score, request shape)."""
         hit = g.answers.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
@@ -246,7 +267,7 @@ class ClusterState:
         topology = self._canon[g.shape]
         with node.lock:
             ledger = node.ledger if node.ledger is not None else self._blank[g.shape]
-            if score:
+            if key[0]:
                 answer: Any = max(0, min(10, int(
                     self.allocator.node_score(topology, ledger, request))))
             else:
@@ -267,22 +288,21 @@ class ClusterState:
         if not request.wants_devices:
             out.fits = names  # none of our resources: not ours to judge
             return out
-        groups, of_name = self._grouped(names)
-        verdicts: dict[_Group, _Verdict | None] = {
-            g: self._answer(g, members[0], request, False) for g, members in groups.items()}
+        of_name, some_member = self._grouped(names)
+        key = (False, request.shape)
+        verdicts: dict[_Group | None, _Verdict | None] = {
+            g: self._answer(g, member, request, key) for g, member in some_member.items()}
+        if None in of_name:
+            verdicts[None] = _UNKNOWN
         # Answer in the caller's order: kube-scheduler does not care, people reading do.
-        fits = out.fits
-        for name, g in zip(names, of_name, strict=True):
-            if g is None:
-                out.unresolvable[name] = unknown_node_reason(name)
-                continue
-            verdict = verdicts[g]
-            if verdict is None:
-                fits.append(name)
-            elif verdict.unresolvable:
-                out.unresolvable[name] = verdict.reason_for(name)
-            else:
-                out.failed[name] = verdict.reason_for(name)
+        out.fits = [n for n, g in zip(names, of_name, strict=True) if verdicts[g] is None]
+        if len(out.fits) == len(names):
+            return out
+        blocked = {g for g, v in verdicts.items() if v is not None and not v.unresolvable}
+        never = {g for g, v in verdicts.items() if v is not None and v.unresolvable}
+        named = list(zip(names, of_name, strict=True))
+        out.failed = {n: verdicts[g].reason_for(n) for n, g in named if g in blocked}
+        out.unresolvable = {n: verdicts[g].reason_for(n) for n, g in named if g in never}
         return out
 
     def scores(self, request: Request, node_names: Iterable[str]) -> dict[str, int]:
@@ -290,13 +310,12 @@ class ClusterState:
         names = list(node_names)
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
-        groups, _ = self._grouped(names)
-        out = dict.fromkeys(names, 0)
-        for g, members in groups.items():
-            score = self._answer(g, members[0], request, True)
-            for name in members:
-                out[name] = score
-        return out
+        of_name, some_member = self._grouped(names)
+        key = (True, request.shape)
+        score: dict[_Group | None, int] = {
+            g: self._answer(g, member, request, key) for g, member in some_member.items()}
+        score[None] = 0
+        return dict(zip(names, map(score.__getitem__, of_name), strict=True))
 
     # ------------------------------------------------------------------ changes
 
@@ -352,7 +371,7 @@ class ClusterState:
         Raises ClusterFileError naming the pod.
         """
         pods = list(pods)
-        fresh: dict[str, Ledger] = {}
+        fresh: dict[str, _TrackedLedger] = {}
         seen: set[str] = set()
         for p in pods:
             where = f"pod {p.namespace}/{p.name} ({p.uid})"
@@ -367,7 +386,7 @@ class ClusterState:
             ledger = fresh.get(p.node)
             if ledger is None:
                 current = n.ledger.holders() if n.ledger is not None else ()
-                ledger = fresh[p.node] = Ledger(n.topology, current)
+                ledger = fresh[p.node] = self._new_ledger(n, current)
             try:
                 ledger.add(p.uid, p.allocation)
             except LedgerConflict as e:
@@ -376,7 +395,7 @@ class ClusterState:
             n = self._nodes[name]
             with n.lock:
                 n.ledger = ledger
-                n.group = None
+                self._regroup(n)
         with self._pods_lock:
             for p in pods:
                 if p.allocation is not None:
