@@ -76,11 +76,13 @@ _encoder = msgspec.json.Encoder()
 
 
 def _write_atomic(path: Path, body: bytes) -> None:
+    """Temp + rename, without fsync: these records must survive a crashed process, which
+    rename alone guarantees; after a power loss no pod netns survives either, so a lost
+    record has nothing left to restore (docs/decisions/0042)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, body)
-        os.fsync(fd)
     finally:
         os.close(fd)
     os.replace(tmp, path)

@@ -16,7 +16,7 @@ import logging
 import os
 import traceback
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,9 @@ from railyard.cni.spec import (
 log = logging.getLogger(__name__)
 
 DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
+# IPAM plugins that never enter the pod's netns, so they may run while devices still move
+# (dhcp, for one, runs its client inside the netns and must wait for the interface).
+NETNS_FREE_IPAM = frozenset({"host-local", "static", "whereabouts"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,10 +234,20 @@ class Plugin:
                          netns=rec.netns, netns_id=rec.netns_id)
             for d in rec.devices:
                 self.store.mark_in_use(d.pci, note)
+            pending: list[Future | None] = []
             try:
-                links = self._move_in(host, staging, tmp, pod_ns, rec, conf)
-                ipams = self._run_ipam(call, conf, rec)
+                # IPAM that never enters the pod's netns runs while the devices move (the
+                # moves are the slow part: the kernel serialises them, ~20 ms each on VMs).
+                early = all(conf.interface(i).ipam is None or
+                            conf.interface(i).ipam["type"] in NETNS_FREE_IPAM
+                            for i in range(len(rec.devices)))
+                if early:
+                    pending = self._start_ipam(call, conf, rec)
                 with pod_ns.links() as pod:
+                    links = self._move_in(host, staging, tmp, pod, pod_ns, rec, conf)
+                    if not early:
+                        pending = self._start_ipam(call, conf, rec)
+                    ipams = self._finish_ipam(pending, rec)
                     for d, ipam in zip(rec.devices, ipams, strict=True):
                         if ipam is not None:
                             self._configure_ips(pod, links[d.ifname], ipam)
@@ -242,6 +255,7 @@ class Plugin:
                 rec.state = "added"
                 self.store.save(rec)
             except BaseException as e:
+                wait([f for f in pending if f is not None])  # IPAM DEL only after its ADD
                 problems = self._teardown(rec, pod_ns, call.path, host, (tmp, staging))
                 if problems:
                     self.store.save(rec)  # DEL finishes what the rollback could not
@@ -295,7 +309,7 @@ class Plugin:
             rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
         )
 
-    def _move_in(self, host: Links, staging: Links, tmp: Netns, pod_ns: Netns,
+    def _move_in(self, host: Links, staging: Links, tmp: Netns, pod: Links, pod_ns: Netns,
                  rec: AttachmentRecord, conf: NetConf) -> dict[str, Link]:
         """host → temporary netns (rename, MTU, MAC there) → pod; bring each link up."""
         for d in rec.devices:
@@ -311,15 +325,12 @@ class Plugin:
             host.move(link, tmp)
         for i, d in enumerate(rec.devices):
             ifc = conf.interface(i)
-            staging.set(self._need(staging, d.original_name), name=d.ifname, mtu=ifc.mtu,
-                        mac=ifc.mac)
+            link = staging.set(self._need(staging, d.original_name), name=d.ifname,
+                               mtu=ifc.mtu, mac=ifc.mac)
+            staging.move(link, pod_ns)
         out = {}
-        with pod_ns.links() as pod:
-            for d in rec.devices:
-                staging.move(self._need(staging, d.ifname), pod_ns)
-            for d in rec.devices:
-                pod.set(self._need(pod, d.ifname), up=True)
-                out[d.ifname] = self._need(pod, d.ifname)
+        for d in rec.devices:
+            out[d.ifname] = pod.set(self._need(pod, d.ifname), up=True)
         return out
 
     @staticmethod
@@ -329,8 +340,8 @@ class Plugin:
             raise LinkError("find", f"{name} in {links.netns.label}", 19, "vanished")
         return link
 
-    def _run_ipam(self, call: Call, conf: NetConf,
-                  rec: AttachmentRecord) -> list[IpamResult | None]:
+    def _start_ipam(self, call: Call, conf: NetConf,
+                    rec: AttachmentRecord) -> list[Future | None]:
         """IPAM ADD per interface, concurrently; each call is noted on disk before it is made."""
         jobs: list[tuple[str, str, Mapping[str, Any], MovedDevice] | None] = []
         for i, d in enumerate(rec.devices):
@@ -347,17 +358,22 @@ class Plugin:
             d.ipam_version = version
             d.ipam_started = True
             jobs.append((exe, version, ipam, d))
-        self.store.save(rec)
-        futures = [
+        if any(jobs):
+            self.store.save(rec)
+        return [
             None if job is None else self._pool.submit(
                 self.ipam.add, job[0], job[1], conf.raw, job[2],
                 IpamCall(call.container_id, call.netns, job[3].ifname, call.args_text,
                          call.path))
             for job in jobs
         ]
+
+    def _finish_ipam(self, pending: list[Future | None],
+                     rec: AttachmentRecord) -> list[IpamResult | None]:
+        """Every IPAM answer, in interface order; the first failure after all have ended."""
         results: list[IpamResult | None] = []
         first_error: BaseException | None = None
-        for f, d in zip(futures, rec.devices, strict=True):
+        for f, d in zip(pending, rec.devices, strict=True):
             if f is None:
                 results.append(None)
                 continue
@@ -368,7 +384,6 @@ class Plugin:
             except BaseException as e:  # wait for every call before failing
                 results.append(None)
                 first_error = first_error or e
-        self.store.save(rec)
         if first_error is not None:
             raise first_error
         return results
@@ -405,7 +420,6 @@ class Plugin:
             except OSError as e:
                 raise CniError(Code.IO, f"device-info file {path}: {e.strerror}") from None
             d.device_info_path = path
-        self.store.save(rec)
 
     # ------------------------------------------------------------------ putting back
 
@@ -419,7 +433,8 @@ class Plugin:
         netdev is now.
         """
         problems = _Problems()
-        self._release_ipam(rec, path or tuple(rec.cni_path), problems)
+        # IPAM DEL runs while the devices move back (both are slow, neither needs the other).
+        releases = self._release_ipam(rec, path or tuple(rec.cni_path))
         with contextlib.ExitStack() as stack:
             if host is None:
                 host = stack.enter_context(self.host.links())
@@ -431,6 +446,12 @@ class Plugin:
                 self._put_back(d, pod, stage[1], stage[0], host, problems)
                 if d.rdma_moved:
                     self._rdma_back(d, pod_ns, problems)
+        for d, f in releases:
+            try:
+                f.result()
+                d.ipam_started = False
+            except CniError as e:
+                problems.add(e.msg)
         for d in rec.devices:
             if d.device_info_path:
                 with contextlib.suppress(FileNotFoundError):
@@ -449,8 +470,7 @@ class Plugin:
                     link, where = found, links
                     break
             if where is pod and link is not None:
-                pod.down(link)
-                pod.move(link, tmp)
+                pod.move(link, tmp)  # the kernel takes it down on the way
                 link = self._need(staging, d.ifname)
             if link is None:
                 # Not in the pod: in the host (never moved, or back after its netns died,
@@ -465,8 +485,8 @@ class Plugin:
                     problems.add(f"{d.pci}: found neither in the pod nor in the host")
                 # else: gone with its namespace (a veth dies with it) or held elsewhere.
                 return
-            staging.set(link, name=d.original_name, mtu=d.original_mtu, mac=d.original_mac)
-            link = self._need(staging, d.original_name)
+            link = staging.set(link, name=d.original_name, mtu=d.original_mtu,
+                               mac=d.original_mac)
             try:
                 staging.move(link, self.host)
             except LinkError as e:
@@ -475,8 +495,7 @@ class Plugin:
                 # Back in the host matters more than its name: use one derived from the
                 # PCI address (discovery finds devices by address anyway) and say so.
                 other = _fallback_name(d.pci)
-                staging.set(link, name=other)
-                staging.move(self._need(staging, other), self.host)
+                staging.move(staging.set(link, name=other), self.host)
                 log.warning("cni: %s: its name %s was taken in the host meanwhile; it is back "
                             "as %s", d.pci, d.original_name, other)
                 return
@@ -506,9 +525,11 @@ class Plugin:
         except RdmaError as e:
             problems.add(str(e))
 
-    def _release_ipam(self, rec: AttachmentRecord, path: tuple[str, ...],
-                      problems: _Problems) -> None:
+    def _release_ipam(self, rec: AttachmentRecord,
+                      path: tuple[str, ...]) -> list[tuple[MovedDevice, Future]]:
+        """IPAM DEL for every interface whose ADD was called, started concurrently."""
         base = rec.ipam_conf or {}
+        out = []
         for i, d in enumerate(rec.devices):
             if not d.ipam_started:
                 continue
@@ -516,14 +537,14 @@ class Plugin:
             if ipam is None:
                 d.ipam_started = False
                 continue
-            try:
-                exe = self.ipam.find(ipam["type"], path)
-                self.ipam.delete(exe, d.ipam_version or "0.4.0", base, ipam,
-                                 IpamCall(rec.container_id, rec.netns, d.ifname, rec.cni_args,
-                                          path))
-                d.ipam_started = False
-            except CniError as e:
-                problems.add(e.msg)
+            out.append((d, self._pool.submit(self._ipam_del, ipam, d, rec, base, path)))
+        return out
+
+    def _ipam_del(self, ipam: Mapping[str, Any], d: MovedDevice, rec: AttachmentRecord,
+                  base: Mapping[str, Any], path: tuple[str, ...]) -> None:
+        exe = self.ipam.find(ipam["type"], path)
+        self.ipam.delete(exe, d.ipam_version or "0.4.0", base, ipam,
+                         IpamCall(rec.container_id, rec.netns, d.ifname, rec.cni_args, path))
 
     @staticmethod
     def _ipam_of(base: Mapping[str, Any], i: int) -> Mapping[str, Any] | None:
