@@ -107,8 +107,11 @@ class Rig:
 @contextlib.asynccontextmanager
 async def rig(tmp: Path, tree: Path, pods: list[dict] | None = None,
               config: AgentConfig | None = None, start_kubelet: bool = True,
-              state_dir: Path | None = None, kubelet_dir: Path | None = None
+              state_dir: Path | None = None, kubelet_dir: Path | None = None,
+              assigned: dict[tuple[str, str, str, str], list[str]] | None = None
               ) -> AsyncIterator[Rig]:
+    """`assigned`: (namespace, pod, container, resource) → IDs PodResources reports from the
+    start, as after a kubelet that admitted pods before the agent came up."""
     kubelet_dir = kubelet_dir or tmp / "kubelet"
     if len(str(kubelet_dir)) > 60:  # unix socket paths are limited to 107 bytes
         kubelet_dir = Path(tempfile.mkdtemp(prefix="ry-kubelet-"))
@@ -116,6 +119,8 @@ async def rig(tmp: Path, tree: Path, pods: list[dict] | None = None,
     podres = FakePodResources(str(kubelet_dir))
     if start_kubelet:
         await kubelet.start()
+    for (ns, name, container, resource), ids in (assigned or {}).items():
+        podres.state.assign(ns, name, container, resource, ids)
     await podres.start()
     tmp.mkdir(parents=True, exist_ok=True)
     pods_file = tmp / "pods.json"

@@ -321,3 +321,22 @@ async def test_records_of_gone_pods_are_forgotten_unless_the_cni_holds_them(tmp_
         assert not devinfo.exists()
         assert r.agent.store.get("uid-b") is not None
         await vf.close()
+
+
+@async_test
+async def test_agent_start_rebuilds_a_lost_record_from_podresources(tmp_path, generic_tree):
+    a = allocation(TOPO, [(0, VFS0[0]), (1, VFS1[0])])
+    pods = [pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=a, name="a", phase="Running")]
+    assigned = {("team", "a", "main", VF): [VFS0[0], VFS1[1]],
+                ("team", "a", "main", GPU): [G0, G1]}
+    async with rig(tmp_path, generic_tree, pods, assigned=assigned) as r:
+        for _ in range(100):  # the check at start runs in the background
+            rec = r.agent.store.get("uid-a")
+            if rec is not None:
+                break
+            await asyncio.sleep(0.02)
+        assert rec is not None
+        assert set(rec.consumed_ids(VF)) == {VFS0[0], VFS1[1]}
+        assert rec.allocation.decided_by == "node"  # kubelet's VF differs from the record
+        assert {p.nic.pci_address for p in rec.allocation.pairs} == {VFS0[0], VFS1[1]}
+        assert r.agent.store.granted_nics("uid-a")[0].pci_address == VFS0[0]

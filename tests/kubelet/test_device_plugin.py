@@ -170,3 +170,16 @@ async def test_vfs_and_a_pf_in_one_container_get_one_nccl_hca_from_the_last_plug
         v0 = TOPO.vf(VFS0[0])[1]
         assert g.envs["NCCL_IB_HCA"] == f"={v0.rdma_device}:1,{TOPO.nics[1].rdma_device}:1"
         assert len(json.loads(g.envs["RAILYARD_PAIRS"])) == 2
+
+
+@async_test
+async def test_renamed_resources_register_and_name_their_variables(tmp_path, generic_tree):
+    cfg = config_from_dict({"resources": {"vf": "example.com/rdma_vf"}, "gpuPlugin": False,
+                            "pfPlugin": False, "devinfoDir": str(tmp_path / "d")})
+    async with rig(tmp_path, generic_tree, config=cfg) as r:
+        assert r.kubelet.resources() == ["example.com/rdma_vf"]
+        c = r.kubelet.client("example.com/rdma_vf")
+        resp = await c.allocate([VFS0[0]])
+        assert resp.envs["PCIDEVICE_EXAMPLE_COM_RDMA_VF"] == VFS0[0]
+        assert (tmp_path / "d" / f"example.com-rdma_vf-{VFS0[0]}-device.json").exists()
+        await c.close()

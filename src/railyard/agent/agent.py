@@ -245,7 +245,8 @@ class Agent:
 
     # ------------------------------------------------------------------ after Allocate
 
-    def _after_allocate(self, pod: PodView, grant: ContainerGrant) -> None:
+    def _after_allocate(self, pod: PodView | None, grant: ContainerGrant) -> None:
+        """Device-info files for Multus (pod or not), then a PodResources check soon."""
         folder = Path(self.config.devinfo_dir)
         for name, body in grant.devinfo.items():
             try:

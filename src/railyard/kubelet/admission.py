@@ -40,6 +40,8 @@ from railyard.topology.model import NodeTopology
 log = logging.getLogger(__name__)
 
 KINDS: tuple[Kind, ...] = ("gpu", "vf", "pf")
+# Called after every Allocate with the resolved pod (None when none matched) and the grant.
+AfterAllocate = Callable[[PodView | None, ContainerGrant], None]
 
 
 def utc_now() -> str:
@@ -61,7 +63,7 @@ class Admission:
                  offered: Callable[[Kind], frozenset[str]] | None = None,
                  allocator: object | None = None,
                  clock: Callable[[], str] = utc_now,
-                 on_allocated: Callable[[PodView, ContainerGrant], None] | None = None) -> None:
+                 on_allocated: AfterAllocate | None = None) -> None:
         self.topology = topology
         self.node = topology.node
         self.store = store
@@ -248,7 +250,10 @@ class Admission:
         if c is None:
             log.warning("%s: Allocate of %s matches no pending pod on %s; answering for the "
                         "devices alone", resource, ids, self.node)
-            return self._grant(kind, resource, ids, None, ids)
+            grant = self._grant(kind, resource, ids, None, ids)
+            if self.on_allocated is not None:
+                self.on_allocated(None, grant)
+            return grant
         return self._allocate_for(c, kind, resource, ids, records)
 
     def _allocate_for(self, c: Candidate, kind: Kind, resource: str, ids: list[str],
