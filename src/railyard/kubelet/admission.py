@@ -250,7 +250,7 @@ class Admission:
         if c is None:
             log.warning("%s: Allocate of %s matches no pending pod on %s; answering for the "
                         "devices alone", resource, ids, self.node)
-            grant = self._grant(kind, resource, ids, None, ids)
+            grant = self._grant(kind, resource, ids, None)
             if self.on_allocated is not None:
                 self.on_allocated(None, grant)
             return grant
@@ -284,7 +284,7 @@ class Admission:
                         list(c.expected))
         rec = self.store.put(self._key(pod), alloc,
                              consumed=Consumed(c.container, resource, tuple(ids)))
-        grant = self._grant(kind, resource, ids, alloc, ids)
+        grant = self._grant(kind, resource, ids, alloc)
         container = next(x for x in pod.containers if x.name == c.container)
         both_nic_kinds = container.count(self.names.vf) and container.count(self.names.pf)
         if both_nic_kinds:
@@ -307,22 +307,20 @@ class Admission:
             self.on_allocated(pod, grant)
         return grant
 
-    def _grant(self, kind: Kind, resource: str, ids: list[str], alloc: Allocation | None,
-               given: list[str]) -> ContainerGrant:
+    def _grant(self, kind: Kind, resource: str, given: list[str],
+               alloc: Allocation | None) -> ContainerGrant:
         ordered = in_pair_order(given, alloc, kind)
         if kind == "gpu":
             return gpu_grant([self.index.gpu_ref(i) for i in ordered])
-        refs = {n.pci_address: n for n in alloc.all_nics} if alloc else {}
-        nics = [refs.get(i) or self.index.nics[i] for i in ordered]
-        uverbs = {}
-        for n in nics:
-            nic = self.topology.nic(n.pf_pci_address)
-            if n.kind == "pf":
-                uverbs[n.pci_address] = nic.uverbs
-            else:
-                uverbs[n.pci_address] = next((v.uverbs for v in nic.vfs
-                                              if v.pci_address == n.pci_address), None)
-        return nic_grant(resource, nics, uverbs)
+        recorded = {n.pci_address: n for n in alloc.all_nics} if alloc else {}
+        nics = []
+        for i in ordered:
+            # This node's discovery names the device; the record only fills a gap.
+            ref, rec = self.index.nics[i], recorded.get(i)
+            if rec is not None and ref.rdma_device is None:
+                ref = rec
+            nics.append(ref)
+        return nic_grant(resource, nics, {i: self.index.uverbs.get(i) for i in ordered})
 
     # ------------------------------------------------------------------ check
 

@@ -27,10 +27,13 @@ class DeviceIndex:
             self.gpus[g.device_id] = g
             self.gpus.setdefault(g.pci_address, g)
         self.nics: dict[str, NicRef] = {}
+        self.uverbs: dict[str, str | None] = {}  # PCI address -> "uverbsN"
         for n in topology.nics:
             self.nics[n.pci_address] = NicRef.of_pf(n)
+            self.uverbs[n.pci_address] = n.uverbs
             for v in n.vfs:
                 self.nics[v.pci_address] = NicRef.of_vf(n, v)
+                self.uverbs[v.pci_address] = v.uverbs
         self.numa = {n.pci_address: n.numa_node for n in topology.nics}
 
     def gpu_ref(self, device_id: str) -> GpuRef:
