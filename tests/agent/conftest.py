@@ -12,6 +12,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "kubelet"))
 
 @pytest.fixture(scope="session")
 def generic_tree(tmp_path_factory):
-    from harness import make_tree
+    from kubelet_harness import make_tree
 
     return make_tree(tmp_path_factory.mktemp("generic") / "root")

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from fake_kubelet import FakeKubelet
-from harness import GPU, PF, VF, async_test, make_tree, write_pods
+from kubelet_harness import GPU, PF, VF, async_test, make_tree, write_pods
 
 CMD = [sys.executable, "-m", "railyard.cli.main", "agent"]
 

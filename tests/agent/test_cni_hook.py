@@ -8,7 +8,7 @@ import tempfile
 from dataclasses import replace
 
 import pytest
-from harness import async_test, rig
+from kubelet_harness import async_test, rig
 
 
 @pytest.mark.skipif(importlib.util.find_spec("railyard.cni.service") is None,

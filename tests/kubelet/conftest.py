@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from harness import make_tree
+from kubelet_harness import make_tree
 
 
 @pytest.fixture(scope="session")

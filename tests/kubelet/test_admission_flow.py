@@ -10,7 +10,7 @@ import shutil
 import time
 
 import pytest
-from harness import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
+from kubelet_harness import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
 
 TOPO = topology()
 G0, G1 = (g.device_id for g in TOPO.gpus)

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from fake_kubelet import watcher_info
-from harness import GPU, PF, VF, allocation, async_test, pod, rig, topology
+from kubelet_harness import GPU, PF, VF, allocation, async_test, pod, rig, topology
 
 from railyard.agent.config import AgentConfig, config_from_dict
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 
-from harness import GPU, NODE, PF, VF, allocation, pod, topology
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kubelet_harness import GPU, NODE, PF, VF, allocation, pod, topology
 
 from railyard.agent.state import Consumed, PodKey, PodRecord
 from railyard.allocation.names import DEFAULT_RESOURCES as NAMES
