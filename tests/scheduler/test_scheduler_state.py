@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 
@@ -205,3 +206,31 @@ def test_each_node_of_a_group_gets_a_reason_naming_itself():
     for name, reason in out.unresolvable.items():
         others = {"dgx-h100-000", "dgx-h100-001", "dgx-h100-002"} - {name}
         assert name in reason and not any(o in reason for o in others), reason
+
+
+def renamed(t, node: str):
+    """The same machine with other interface names and GPU UUIDs (as discovery would see
+    a second server of one model)."""
+    nics = tuple(dataclasses.replace(
+        n, netdev=n.netdev and f"x{n.netdev}",
+        vfs=tuple(dataclasses.replace(v, netdev=v.netdev and f"x{v.netdev}") for v in n.vfs))
+        for n in t.nics)
+    gpus = tuple(dataclasses.replace(g, uuid=f"GPU-{node}-{g.index}") for g in t.gpus)
+    return dataclasses.replace(t, node=node, nics=nics, gpus=gpus)
+
+
+def test_binds_name_each_nodes_own_devices_and_equal_asking_the_allocator_directly():
+    (a,) = cluster_from_spec("dgx-h100:1")
+    b = renamed(a, "other")
+    s = ClusterState([a, b])
+    assert s.filter(gpu_vf(1), ["dgx-h100-000", "other"]).fits  # one group: asked once
+    direct = Allocator()
+    for i, n in enumerate([1, 2, 1, 4]):
+        for node in ("dgx-h100-000", "other"):
+            want = direct.allocate(s.topology(node), s.ledger(node), gpu_vf(n))
+            got = s.bind(f"{node}-{i}", "ml", "p", node, gpu_vf(n), decided_at="T")
+            assert got == want.stamped("scheduler", "T")
+    for p in s.pods():
+        if p.node == "other":
+            assert all(x.nic.netdev.startswith("x") for x in p.allocation.pairs)
+            assert all(x.gpu.uuid.startswith("GPU-other-") for x in p.allocation.pairs)

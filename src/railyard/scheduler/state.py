@@ -8,6 +8,7 @@ call per distinct group. Changes (bind, release) take the node's lock.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import threading
@@ -22,7 +23,7 @@ from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
 from railyard.allocation.shape import offer_key, port_usable, vf_allocatable
-from railyard.allocation.types import Allocation, Infeasible
+from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Pair
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
 
@@ -144,6 +145,26 @@ def _never_offered(t: NodeTopology) -> frozenset[str]:
     signature, so it joins the group key (as it joins the allocator's memo key)."""
     return frozenset(v.pci_address for n in t.nics for v in n.vfs
                      if not port_usable(n) or not vf_allocatable(v))
+
+
+def rebase(alloc: Allocation, t: NodeTopology) -> Allocation:
+    """The same allocation on another node of the same shape: devices found by PCI address
+    in `t`, so UUIDs, RDMA device and netdev names are that node's own."""
+    gpus = {g.pci_address: g for g in t.gpus}
+    pfs = {n.pci_address: n for n in t.nics}
+    vfs = {v.pci_address: (n, v) for n in t.nics for v in n.vfs}
+
+    def gpu(r: GpuRef) -> GpuRef:
+        return GpuRef.of(gpus[r.pci_address])
+
+    def nic(r: NicRef) -> NicRef:
+        return NicRef.of_pf(pfs[r.pci_address]) if r.kind == "pf" else NicRef.of_vf(
+            *vfs[r.pci_address])
+
+    return dataclasses.replace(
+        alloc, node=t.node, pairs=tuple(Pair(gpu(p.gpu), nic(p.nic), p.distance)
+                                        for p in alloc.pairs),
+        nics=tuple(nic(r) for r in alloc.nics), gpus=tuple(gpu(r) for r in alloc.gpus))
 
 
 def now_rfc3339() -> str:
@@ -336,9 +357,17 @@ class ClusterState:
                 return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to "
                                   f"{held.node!r}", unresolvable=True)
             ledger = self._ledger(n)
-            result = self.allocator.allocate(n.topology, ledger, request)
+            # Ask with the shape's one topology object (see _canon), then name this node's
+            # own devices: same shape means the same PCI addresses, distances and CPUs.
+            canon = self._canon[n.shape]
+            result = self.allocator.allocate(canon, ledger, request)
             if isinstance(result, Infeasible):
-                return result
+                if canon is n.topology:
+                    return result
+                return Infeasible(_Verdict.of(result, canon.node).reason_for(node),
+                                  result.unresolvable)
+            if canon is not n.topology:
+                result = rebase(result, n.topology)
             alloc = result.stamped("scheduler", decided_at or now_rfc3339())
             with self._pods_lock:
                 if uid in self._pods:  # the same UID raced onto another node
@@ -429,7 +458,7 @@ class ClusterState:
         def fits(removed: Iterable[str]) -> bool:
             gone = set(removed)
             ledger = Ledger(n.topology, [(h, a) for h, a in holders.items() if h not in gone])
-            return not isinstance(self.allocator.allocate(n.topology, ledger, request),
+            return not isinstance(self.allocator.allocate(self._canon[n.shape], ledger, request),
                                   Infeasible)
 
         def weight(uid: str) -> int:
