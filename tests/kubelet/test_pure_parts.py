@@ -207,3 +207,22 @@ def test_a_vfio_vf_is_never_offered_even_with_a_stale_rdma_name():
     topo = replace(TOPO, nics=(replace(nic, vfs=(vfio, *nic.vfs[1:])),))
     ids = {d.id for d in offered_devices(topo, "vf")}
     assert vfio.pci_address not in ids and nic.vfs[1].pci_address in ids
+
+
+def test_device_list_omits_unknown_numa_and_wakes_watchers_only_on_change():
+    import asyncio
+
+    from railyard.kubelet.inventory import PluginDevice
+    from railyard.kubelet.plugin import DeviceList
+
+    async def body():
+        dl = DeviceList([PluginDevice("a", "vf", "a", None), PluginDevice("b", "vf", "b", 1)])
+        resp = dl.response()
+        assert not resp.devices[0].HasField("topology")
+        assert [n.ID for n in resp.devices[1].topology.nodes] == [1]
+        assert not await dl.update(unhealthy=frozenset({"zz"}))  # not ours: no change
+        assert await dl.update(unhealthy=frozenset({"b"}))
+        assert [d.health for d in dl.response().devices] == ["Healthy", "Unhealthy"]
+        assert dl.version == 1
+
+    asyncio.run(body())
