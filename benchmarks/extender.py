@@ -134,7 +134,7 @@ def serve(kind: str, port: int, state_file: str | None, full: float, partial: fl
         app.router.add_get("/healthz", health)
     else:
         from railyard.scheduler.cluster_file import cluster_from_spec
-        from railyard.scheduler.service import Extender
+        from railyard.scheduler.service import Extender, settle_heap
         from railyard.scheduler.state import ClusterState
         from railyard.scheduler.state_file import StateFile
 
@@ -148,6 +148,7 @@ def serve(kind: str, port: int, state_file: str | None, full: float, partial: fl
         print(f"railyard extender: {len(state)} nodes, {bound} pods prefilled in "
               f"{time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
         app = Extender(state, sf, state_file=sf).app()
+        settle_heap()  # as `railyard scheduler` does after loading
     profiler = None
     if profile:  # the serving phase only, not the prefill
         import cProfile

@@ -47,7 +47,7 @@ def scheduler(
     import signal
 
     from railyard.scheduler.cluster_file import ClusterFileError, load_cluster
-    from railyard.scheduler.service import Extender, start
+    from railyard.scheduler.service import Extender, settle_heap, start
     from railyard.scheduler.state import ClusterState
     from railyard.scheduler.state_file import StateFile, StateFileError
 
@@ -74,6 +74,7 @@ def scheduler(
     except (ClusterFileError, StateFileError) as e:
         fail(str(e))
     extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache)
+    settle_heap()
     log = logging.getLogger("railyard.scheduler")
 
     async def serve() -> None:
