@@ -132,9 +132,9 @@ class Vf:
 
         A VF bound to vfio-pci (handed to a VM or DPDK) or to no driver at all serves no RDMA.
         """
-        if self.rdma_device is not None:
-            return True
-        return self.driver is not None and self.driver != "vfio-pci"
+        if self.driver == "vfio-pci":
+            return False
+        return self.rdma_device is not None or self.driver is not None
 
 
 @dataclass(frozen=True, slots=True)
