@@ -287,6 +287,20 @@ async def gpus_free_now(url: str, kind: str) -> dict[str, int]:
     return free
 
 
+async def server_seconds(url: str, session: aiohttp.ClientSession) -> dict[str, float]:
+    """The extender's own time per verb so far (sum of its latency histogram)."""
+    async with session.get(f"{url}/metrics") as r:
+        if r.status != 200:
+            return {}
+        text = await r.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("railyard_extender_request_duration_seconds_sum{"):
+            verb = line.split('verb="')[1].split('"')[0]
+            out[verb] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 def start_server(kind: str, port: int, state_file: str | None, full: float,
                  partial: float) -> subprocess.Popen:
     cmd = [sys.executable, __file__, "serve", "--kind", kind, "--port", str(port),
@@ -326,12 +340,17 @@ async def bench(opts: argparse.Namespace) -> list[dict[str, Any]]:
                     for k in kinds:
                         run[k].reset()
                     n = opts.cycles if per_call else max(opts.cycles // 4, 50)
+                    before = await server_seconds(urls["railyard"], sessions["railyard"])
                     for _ in range(n):
                         for k in kinds:
                             await run[k].step()
+                    after = await server_seconds(urls["railyard"], sessions["railyard"])
+                    inside = {f"server_{v}_mean_ms": (after[v] - before.get(v, 0)) / n * 1e3
+                              for v in ("filter", "prioritize", "bind") if v in after}
                     for k in kinds:
                         rows.append({"extender": k, "case": per_call or "all", "repeat": repeat,
                                      **run[k].result(),
+                                     **(inside if k == "railyard" else {}),
                                      "rss_loaded_mb": loaded[k],
                                      "rss_after_mb": rss_mb(procs[k].pid)})
                         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import re
 import threading
 import weakref
@@ -315,15 +316,19 @@ class ClusterState:
             g: self._answer(g, member, request, key) for g, member in some_member.items()}
         if None in of_name:
             verdicts[None] = _UNKNOWN
-        # Answer in the caller's order: kube-scheduler does not care, people reading do.
-        out.fits = [n for n, g in zip(names, of_name, strict=True) if verdicts[g] is None]
+        # Answer in the caller's order (kube-scheduler does not care, people reading do),
+        # with C-level maps: at 5,000 names a Python loop per name is most of the cost.
+        of = list(map(verdicts.__getitem__, of_name))
+        good = list(map(operator.is_, of, itertools.repeat(None)))
+        out.fits = list(itertools.compress(names, good))
         if len(out.fits) == len(names):
             return out
-        blocked = {g for g, v in verdicts.items() if v is not None and not v.unresolvable}
-        never = {g for g, v in verdicts.items() if v is not None and v.unresolvable}
-        named = list(zip(names, of_name, strict=True))
-        out.failed = {n: verdicts[g].reason_for(n) for n, g in named if g in blocked}
-        out.unresolvable = {n: verdicts[g].reason_for(n) for n, g in named if g in never}
+        for name, verdict in itertools.compress(zip(names, of, strict=True),
+                                                map(operator.not_, good)):
+            if verdict.unresolvable:
+                out.unresolvable[name] = verdict.reason_for(name)
+            else:
+                out.failed[name] = verdict.reason_for(name)
         return out
 
     def scores(self, request: Request, node_names: Iterable[str]) -> dict[str, int]:
