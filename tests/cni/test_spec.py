@@ -173,3 +173,41 @@ def test_rdma_mode_is_shared_where_the_kernel_has_no_rdma_subsystem():
         assert rdma.RdmaNetlink().mode() == "shared"
     else:
         assert rdma.RdmaNetlink().mode() in ("shared", "exclusive")
+
+
+json_docs = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+def _strict(text: bytes):
+    import json
+
+    def no_constants(name):
+        raise ValueError(name)
+
+    return json.loads(text, parse_constant=no_constants)
+
+
+@given(doc=json_docs, indent=st.sampled_from([None, 1]))
+def test_shim_json_reader_reads_what_json_writes(doc, indent):
+    import json
+
+    from railyard.cni.shim import loads
+
+    text = json.dumps(doc, indent=indent).encode()
+    assert loads(b" \n" + text + b"\n") == json.loads(text)
+
+
+@given(st.binary(max_size=40) | st.text(max_size=40).map(str.encode))
+def test_shim_json_reader_rejects_what_json_rejects(data):
+    from railyard.cni.shim import loads
+
+    try:
+        want = _strict(data)
+    except (ValueError, UnicodeDecodeError):
+        with pytest.raises(ValueError):
+            loads(data)
+    else:
+        assert loads(data) == want

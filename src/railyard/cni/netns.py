@@ -230,6 +230,11 @@ class Links:
             raise LinkError(op, f"{device} in {self.netns.label}", e.code,
                             os.strerror(e.code)) from None
 
+    def names(self) -> list[str]:
+        """Every link's name, in index order."""
+        return [m.get_attr("IFLA_IFNAME")
+                for m in self._request(ifinfmsg(), RTM_GETLINK, NLM_F_DUMP)]
+
     def get(self, name: str) -> Link | None:
         msg = ifinfmsg()
         msg["attrs"] = [("IFLA_IFNAME", name), ("IFLA_EXT_MASK", _RTEXT_FILTER_SKIP_STATS)]
