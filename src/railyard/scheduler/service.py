@@ -240,8 +240,7 @@ class Extender:
         if isinstance(result, Infeasible):
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"
-        pod = self.state.pod(args.PodUID)
-        assert pod is not None
+        pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, result)
         error = await self._write(pod, who, rollback=True)
         if not error:
             self.metrics.allocations.inc()
