@@ -259,3 +259,30 @@ def test_delete_pod_frees_its_devices_and_health_and_metrics_answer():
     assert "railyard_extender_allocations_total 1.0" in metrics
     assert 'railyard_extender_failures_total{reason="unknown_node",verb="filter"} 1.0' in metrics
     assert "railyard_extender_bound_pods 0.0" in metrics
+
+
+class SlowWriter:
+    def __init__(self) -> None:
+        self.bound: list[BoundPod] = []
+
+    async def bind(self, p: BoundPod) -> None:
+        await asyncio.sleep(0.2)
+        self.bound.append(p)
+
+
+def test_a_retried_bind_while_the_first_is_recording_waits_and_allocates_once():
+    writer = SlowWriter()
+    ext = extender(writer)
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1", gpus=2, vfs=2), NAMES))
+        return await asyncio.gather(
+            post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000")),
+            post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000")),
+            post(s, f"{url}/bind", bind_args("u1", "dgx-h100-001")))
+
+    same, again, other = run(scenario, ext)
+    assert same == again == (200, {"Error": ""})
+    assert "already bound to 'dgx-h100-000'" in other[1]["Error"]
+    assert len(writer.bound) == 1 and len(ext.state.ledger("dgx-h100-000")) == 1
+    assert len(ext.state.ledger("dgx-h100-001")) == 0
