@@ -165,6 +165,18 @@ class CniStore:
         except OSError as e:
             raise CniError(Code.IO, f"in-use note for {pci}: {e.strerror}") from None
 
+    def in_use_notes(self) -> list[tuple[str, InUse]]:
+        out = []
+        for path in sorted(self.in_use_dir.glob("*.json")):
+            note = self.in_use(path.stem)
+            if note is not None:
+                out.append((path.stem, note))
+        return out
+
+    def drop_in_use(self, pci: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.in_use_dir / f"{pci}.json").unlink()
+
     def clear_in_use(self, pci: str, rec: AttachmentRecord) -> None:
         """Drop the note only if this attachment wrote it."""
         note = self.in_use(pci)

@@ -682,6 +682,12 @@ class Plugin:
                 self._delete_record(rec, call.path)
             except CniError as e:
                 problems.append(f"{e.msg}: {e.details}")
+        for pci, note in self.store.in_use_notes():
+            # A note whose attachment is gone and whose namespace died protects nothing.
+            if note.network == conf.name and \
+                    self.store.load(note.network, note.container_id, note.ifname) is None and \
+                    (note.netns_id is None or netns_identity(note.netns) != tuple(note.netns_id)):
+                self.store.drop_in_use(pci)
         for ipam in {json.dumps(i, sort_keys=True) for i in self._ipams(conf)}:
             spec = json.loads(ipam)
             exe = self.ipam.find(spec["type"], call.path)

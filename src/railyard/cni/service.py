@@ -38,16 +38,21 @@ log = logging.getLogger(__name__)
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
-def build_plugin(state_dir: str, *, sysfs_root: str = "/", host_netns: str | None = None,
-                 device_info_dir: str = DEFAULT_DEVICE_INFO_DIR, rdma: RdmaNetns | None = None,
-                 pod_resources_socket: str | None = DEFAULT_POD_RESOURCES_SOCKET,
+def build_plugin(state_dir: str | os.PathLike[str], *, sysfs_root: str | os.PathLike[str] = "/",
+                 host_netns: str | None = None,
+                 device_info_dir: str | os.PathLike[str] = DEFAULT_DEVICE_INFO_DIR,
+                 rdma: RdmaNetns | None = None,
+                 pod_resources_socket: str | os.PathLike[str] | None =
+                 DEFAULT_POD_RESOURCES_SOCKET,
                  store: StateStore | None = None) -> Plugin:
     """The plugin over the node state store in `state_dir` (the agent's `--state-dir`)."""
     return Plugin(
-        state_dir, StoreGrants(store or StateStore(state_dir)), rdma or RdmaNetlink(),
-        settings=Settings(sysfs_root=sysfs_root, host_netns=host_netns,
-                          device_info_dir=device_info_dir),
-        pod_devices=KubeletPodResources(pod_resources_socket) if pod_resources_socket else None,
+        os.fspath(state_dir), StoreGrants(store or StateStore(state_dir)),
+        rdma or RdmaNetlink(),
+        settings=Settings(sysfs_root=os.path.abspath(sysfs_root), host_netns=host_netns,
+                          device_info_dir=os.fspath(device_info_dir)),
+        pod_devices=(KubeletPodResources(os.fspath(pod_resources_socket))
+                     if pod_resources_socket else None),
     )
 
 

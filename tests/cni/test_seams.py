@@ -1,0 +1,84 @@
+"""The seams at the edge: kubelet's PodResources (a fake kubelet on a unix socket), device
+locks that time out, and GC of in-use notes nobody holds."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from concurrent import futures
+from dataclasses import replace
+from pathlib import Path
+
+import grpc
+import pytest
+from cni_helpers import Node, links, run_shim
+
+from railyard.cni.cache import InUse
+from railyard.cni.grants import KubeletPodResources
+from railyard.kubelet.api import podresources_pb2 as pb
+from railyard.kubelet.api import podresources_pb2_grpc as pb_grpc
+
+
+class _FakeKubelet(pb_grpc.PodResourcesListerServicer):
+    def List(self, request, context):
+        pod = pb.PodResources(name="trainer-0", namespace="team-a", containers=[
+            pb.ContainerResources(name="main", devices=[
+                pb.ContainerDevices(resource_name="railyard.dev/vf",
+                                    device_ids=["0000:18:00.1", "0000:18:00.2"]),
+                pb.ContainerDevices(resource_name="nvidia.com/gpu", device_ids=["GPU-1"])])])
+        other = pb.PodResources(name="other", namespace="team-a", containers=[
+            pb.ContainerResources(name="main", devices=[
+                pb.ContainerDevices(resource_name="railyard.dev/vf",
+                                    device_ids=["0000:40:00.1"])])])
+        return pb.ListPodResourcesResponse(pod_resources=[pod, other])
+
+
+def test_pod_resources_client_lists_one_pods_device_ids(tmp_path: Path):
+    sock = tmp_path / "kubelet.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_PodResourcesListerServicer_to_server(_FakeKubelet(), server)
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        client = KubeletPodResources(str(sock))
+        assert client.device_ids("team-a", "trainer-0") == {
+            "0000:18:00.1", "0000:18:00.2", "GPU-1"}
+        assert client.device_ids("team-a", "nobody") == frozenset()
+    finally:
+        server.stop(None)
+    assert KubeletPodResources(str(tmp_path / "absent.sock")).device_ids("a", "b") is None
+
+
+@pytest.mark.root
+def test_a_device_whose_lock_is_held_answers_try_again(node: Node, shim, conf, service):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    service.server.plugin.settings = replace(service.server.plugin.settings, lock_timeout_s=0.3)
+    lock = node.state_dir / "cni" / "locks" / f"{nic.pci_address}.lock"
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        r = run_shim(shim, "ADD", conf(), container_id=pod.container_id, netns=pod.netns_path,
+                     args=pod.args())
+        assert r.error == 11 and nic.pci_address in r.out["msg"]
+        assert links(pod.netns) == {}
+    finally:
+        os.close(fd)
+    r = run_shim(shim, "ADD", conf(), container_id=pod.container_id, netns=pod.netns_path,
+                 args=pod.args())
+    assert r.code == 0, r.out
+
+
+@pytest.mark.root
+def test_gc_drops_in_use_notes_that_protect_nothing(node: Node, shim, conf, service):
+    store = service.server.plugin.store
+    stale = InUse(network="rdma", container_id="gone", ifname="net1",
+                  netns="/run/netns/ry-gone", netns_id=(1, 2))
+    other_net = InUse(network="another", container_id="gone", ifname="net1",
+                      netns="/run/netns/ry-gone", netns_id=(1, 2))
+    store.mark_in_use("0000:aa:00.1", stale)
+    store.mark_in_use("0000:aa:00.2", other_net)
+    r = run_shim(shim, "GC", conf(cniVersion="1.1.0", **{"cni.dev/valid-attachments": []}))
+    assert r.code == 0, r.out
+    assert store.in_use("0000:aa:00.1") is None
+    assert store.in_use("0000:aa:00.2") is not None  # another network's GC decides on it
