@@ -10,7 +10,6 @@ cannot leave a device half-moved, and any failure mid-ADD puts every device back
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -18,7 +17,7 @@ import threading
 import traceback
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from railyard.allocation.types import NicRef
@@ -28,6 +27,7 @@ from railyard.cni.grants import Grants, PodDevices, confirm
 from railyard.cni.ipam import Ipam, IpamCall
 from railyard.cni.netns import Link, LinkError, Links, Netns, NetnsError, netns_identity
 from railyard.cni.rdma import RdmaError, RdmaNetns
+from railyard.cni.restore import Problems, need, owns, put_back
 from railyard.cni.spec import (
     LATEST_VERSION,
     SUPPORTED_VERSIONS,
@@ -74,38 +74,13 @@ class Reply:
     stderr: bytes = b""
 
 
-def _fallback_name(pci: str) -> str:
-    """A name for a device whose original name was taken in the host meanwhile (≤ 15 bytes)."""
-    return ("ry" + pci.replace(":", "").replace(".", ""))[-15:]
-
-
-def _owns(link: Link, d: MovedDevice) -> bool:
-    """Is this link the recorded device, not another that took its name?
-
-    A real NIC's netdev names its parent PCI device (decisive); otherwise the MAC must be
-    the device's own or the one ADD set.
-    """
-    if link.parent is not None:
-        return link.parent == d.pci
-    mac = (link.mac or "").lower()
-    return mac in {(d.original_mac or "").lower(), (d.mac_set or "").lower()} - {""}
-
-
-@dataclass
-class _Problems:
-    """Failures met while putting devices back; one message for the runtime."""
-
-    items: list[str] = field(default_factory=list)
-
-    def add(self, text: str) -> None:
-        log.warning("cni: %s", text)
-        self.items.append(text)
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
-
 class Plugin:
+    """The CNI verbs over one node: its state store (grants), sysfs, netns and IPAM plugins.
+
+    Thread-safe: each call runs on its caller's thread; calls touching the same device
+    serialise on that device's lock.
+    """
+
     def __init__(self, state_dir: str, grants: Grants, rdma: RdmaNetns, *,
                  settings: Settings | None = None, pod_devices: PodDevices | None = None,
                  ipam: Ipam | None = None) -> None:
@@ -360,20 +335,13 @@ class Plugin:
             host.move(link, tmp)
         for i, d in enumerate(rec.devices):
             ifc = conf.interface(i)
-            link = staging.set(self._need(staging, d.original_name), name=d.ifname,
+            link = staging.set(need(staging, d.original_name), name=d.ifname,
                                mtu=ifc.mtu, mac=ifc.mac)
             staging.move(link, pod_ns)
         out = {}
         for d in rec.devices:
-            out[d.ifname] = pod.set(self._need(pod, d.ifname), up=True)
+            out[d.ifname] = pod.set(need(pod, d.ifname), up=True)
         return out
-
-    @staticmethod
-    def _need(links: Links, name: str) -> Link:
-        link = links.get(name)
-        if link is None:
-            raise LinkError("find", f"{name} in {links.netns.label}", 19, "vanished")
-        return link
 
     def _start_ipam(self, call: Call, conf: NetConf,
                     rec: AttachmentRecord) -> list[Future | None]:
@@ -460,14 +428,14 @@ class Plugin:
 
     def _teardown(self, rec: AttachmentRecord, pod_ns: Netns | None, path: tuple[str, ...],
                   host: Links | None = None,
-                  stage: tuple[Netns, Links] | None = None) -> _Problems:
+                  stage: tuple[Netns, Links] | None = None) -> Problems:
         """Every device back in the host under its original name, MAC and MTU; IPAM released.
 
         Works from whatever state a crash left: each device is looked for in the pod, in the
         temporary namespace, in the host under its original name, or wherever sysfs says its
         netdev is now.
         """
-        problems = _Problems()
+        problems = Problems()
         # IPAM DEL runs while the devices move back (both are slow, neither needs the other).
         releases = self._release_ipam(rec, path or tuple(rec.cni_path))
         with contextlib.ExitStack() as stack:
@@ -477,7 +445,9 @@ class Plugin:
                 stage = stack.enter_context(self._staging())
             pod = stack.enter_context(pod_ns.links()) if pod_ns is not None else None
             for d in reversed(rec.devices):
-                self._put_back(d, pod, stage[1], stage[0], host, problems)
+                put_back(d, pod=pod, staging=stage[1], tmp=stage[0], host=host,
+                         host_ns=self.host, sysfs_root=self.settings.sysfs_root,
+                         problems=problems)
                 if d.rdma_moved:
                     self._rdma_back(d, pod_ns, problems)
         for d, f in releases:
@@ -493,63 +463,7 @@ class Plugin:
                 d.device_info_path = None
         return problems
 
-    def _put_back(self, d: MovedDevice, pod: Links | None, staging: Links, tmp: Netns,
-                  host: Links, problems: _Problems) -> None:
-        try:
-            link, where = None, None
-            for links, name in ((staging, d.ifname), (staging, d.original_name),
-                                (pod, d.ifname)):
-                found = links.get(name) if links is not None else None
-                if found is not None and _owns(found, d):
-                    link, where = found, links
-                    break
-            if where is pod and link is not None:
-                pod.move(link, tmp)  # the kernel takes it down on the way
-                link = self._need(staging, d.ifname)
-            if link is None:
-                # Not in the pod: in the host (never moved, or back after its netns died,
-                # under whatever name the kernel gave it: sysfs knows it by PCI address).
-                now = devices.netdev_of(self.settings.sysfs_root, d.pci)
-                home = host.get(now) if now else None
-                if home is not None and home.parent not in (None, d.pci):
-                    home = None
-                if home is not None:
-                    self._restore_in_place(host, home, d)
-                elif pod is not None:
-                    problems.add(f"{d.pci}: found neither in the pod nor in the host")
-                # else: gone with its namespace (a veth dies with it) or held elsewhere.
-                return
-            link = staging.set(link, name=d.original_name, mtu=d.original_mtu,
-                               mac=d.original_mac)
-            try:
-                staging.move(link, self.host)
-            except LinkError as e:
-                if e.errno != errno.EEXIST:
-                    raise
-                # Back in the host matters more than its name: use one derived from the
-                # PCI address (discovery finds devices by address anyway) and say so.
-                other = _fallback_name(d.pci)
-                staging.move(staging.set(link, name=other), self.host)
-                log.warning("cni: %s: its name %s was taken in the host meanwhile; it is back "
-                            "as %s", d.pci, d.original_name, other)
-                return
-            back = host.get(d.original_name)
-            if back is not None and d.original_up:
-                host.set(back, up=True)
-        except LinkError as e:
-            problems.add(f"{d.pci}: {e}")
-
-    @staticmethod
-    def _restore_in_place(host: Links, link: Link, d: MovedDevice) -> None:
-        if link.name != d.original_name:
-            host.down(link)
-            link = host.get(link.name) or link
-        host.set(link, name=d.original_name, mtu=d.original_mtu, mac=d.original_mac)
-        back = host.get(d.original_name)
-        if back is not None:
-            host.set(back, up=d.original_up)
-
-    def _rdma_back(self, d: MovedDevice, pod_ns: Netns | None, problems: _Problems) -> None:
+    def _rdma_back(self, d: MovedDevice, pod_ns: Netns | None, problems: Problems) -> None:
         if pod_ns is None:
             d.rdma_moved = False  # the kernel returns an RDMA device when its netns dies
             return
@@ -644,7 +558,7 @@ class Plugin:
                 link = pod.get(d.ifname)
                 if link is None:
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} ({d.pci}) is not in the pod")
-                if not _owns(link, d):
+                if not owns(link, d):
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} is not {d.pci}")
                 if not link.up:
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} is down")
