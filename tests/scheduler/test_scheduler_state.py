@@ -183,7 +183,7 @@ ops = st.lists(st.tuples(st.sampled_from(["bind", "release"]), st.integers(0, 5)
                max_size=25)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(ops)
 def test_grouped_filter_always_equals_asking_each_node(sequence):
     s = state("dgx-h100:3,hgx-h100-4nic:3")
@@ -198,6 +198,8 @@ def test_grouped_filter_always_equals_asking_each_node(sequence):
         for n in names:
             direct = s.allocator.allocate(s.topology(n), s.ledger(n), req)
             assert (n in out.fits) == (not isinstance(direct, Infeasible))
+            if isinstance(direct, Infeasible):
+                assert (n in out.unresolvable) == direct.unresolvable
 
 
 def test_each_node_of_a_group_gets_a_reason_naming_itself():

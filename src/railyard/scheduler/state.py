@@ -281,21 +281,45 @@ class ClusterState:
 
     def _answer(self, g: _Group, member: str, request: Request, key: tuple) -> Any:
         """The allocator's verdict (None: fits) or score for a group; `key` is
-        (is a score, request shape)."""
+        (is a score, request shape). `member` is a node of the group."""
         hit = g.answers.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
-        node = self._nodes[member]
         topology = self._canon[g.shape]
+        empty = self._empty[g.shape]
+        if g is empty:
+            return self._ask(g, self._blank[g.shape], topology, request, key)
+        node = self._nodes[member]
         with node.lock:
-            ledger = node.ledger if node.ledger is not None else self._blank[g.shape]
-            if key[0]:
-                answer: Any = max(0, min(10, int(
-                    self.allocator.node_score(topology, ledger, request))))
-            else:
-                result = self.allocator.allocate(topology, ledger, request)
-                answer = _Verdict.of(result, topology.node) if isinstance(
-                    result, Infeasible) else None
+            ledger = node.ledger
+            moved = ledger is None or self._group_of_name.get(member) is not g
+            if not moved:
+                free_gpus = len(topology.gpus) - len(ledger.used_gpus)
+                if request.gpus <= free_gpus:
+                    return self._ask(g, ledger, topology, request, key)
+        if moved:  # another thread changed the node meanwhile: answer, keep nothing here
+            return self._answer(self._group_of_name[member], member, request, key)
+        # Too few GPUs left, whatever the topology: no search needed. Whether the node could
+        # ever host the pod is the empty node's answer (asked once per shape).
+        never = self._answer(empty, member, request, (False, key[1]))
+        answer = 0 if key[0] else never or _Verdict(
+            f"{request.gpus} GPUs requested but only {free_gpus} of {len(topology.gpus)} free",
+            unresolvable=False, asked=None)
+        return self._keep_answer(g, key, answer)
+
+    def _ask(self, g: _Group, ledger: Ledger, topology: NodeTopology, request: Request,
+             key: tuple) -> Any:
+        if key[0]:
+            answer: Any = max(0, min(10, int(
+                self.allocator.node_score(topology, ledger, request))))
+        else:
+            result = self.allocator.allocate(topology, ledger, request)
+            answer = _Verdict.of(result, topology.node) if isinstance(
+                result, Infeasible) else None
+        return self._keep_answer(g, key, answer)
+
+    @staticmethod
+    def _keep_answer(g: _Group, key: tuple, answer: Any) -> Any:
         if len(g.answers) >= _ANSWERS_PER_GROUP:
             g.answers.clear()
         g.answers[key] = answer
