@@ -245,3 +245,14 @@ def test_shim_is_stdlib_only(shim):
     imports = {line.split()[1].split(".")[0] for line in src.splitlines()
                if line.startswith(("import ", "from "))}
     assert imports <= {"os", "_socket", "sys", "json", "site", "railyard"}
+
+
+def test_a_second_add_of_the_same_attachment_is_refused_and_changes_nothing(node: Node, shim,
+                                                                           conf):
+    nics = node.vfs(1)
+    pod = node.pod(nics)
+    assert add(shim, pod, conf()).code == 0
+    inside = links(pod.netns)
+    again = add(shim, pod, conf())
+    assert again.error == 103 and pod.container_id in again.out["msg"]
+    assert links(pod.netns) == inside

@@ -204,11 +204,6 @@ class Plugin:
             needs_ipam = conf.ipam is not None or any(i.ipam for i in conf.interfaces)
             if needs_ipam and not call.path:
                 raise CniError(Code.INVALID_ENV, "CNI_PATH is required to find IPAM plugins")
-            existing = self.store.load(conf.name, call.container_id, call.ifname)
-            if existing is not None:
-                raise CniError(Code.ATTACHMENT_EXISTS,
-                               f"attachment ({call.container_id}, {call.ifname}) of network "
-                               f"{conf.name} already exists; DEL it first")
             with self.store.locked([n.pci_address for n in nics], self.settings.lock_timeout_s):
                 return self._add_locked(call, conf, pod_ns, nics, names)
 
@@ -225,6 +220,10 @@ class Plugin:
 
     def _add_locked(self, call: Call, conf: NetConf, pod_ns: Netns,
                     nics: tuple[NicRef, ...], names: tuple[str, ...]) -> dict:
+        if self.store.load(conf.name, call.container_id, call.ifname) is not None:
+            raise CniError(Code.ATTACHMENT_EXISTS,
+                           f"attachment ({call.container_id}, {call.ifname}) of network "
+                           f"{conf.name} already exists; DEL it first")
         rec = AttachmentRecord(
             network=conf.name, container_id=call.container_id, ifname=call.ifname,
             netns=call.netns, netns_id=pod_ns.identity(), pod_uid=call.args.uid,
@@ -298,9 +297,9 @@ class Plugin:
         if other and note.netns_id is not None and \
                 netns_identity(note.netns) == tuple(note.netns_id):
             raise CniError(Code.DEVICE_UNAVAILABLE,
-                               f"{nic.kind.upper()} {pci} is in use by container "
-                               f"{note.container_id} ({note.ifname}) whose network namespace "
-                               f"{note.netns} still exists")
+                           f"{nic.kind.upper()} {pci} is in use by container "
+                           f"{note.container_id} ({note.ifname}) whose network namespace "
+                           f"{note.netns} still exists")
         netdev = devices.netdev_of(self.settings.sysfs_root, pci)
         link = host.get(netdev) if netdev else None
         if link is None:
