@@ -228,11 +228,13 @@ class Containerd:
 
 
 @contextlib.contextmanager
-def private_containerd(root: Path, netns: str, shim: Path,
+def private_containerd(root: Path, netns: str, shim: Path, conflist: dict,
                        env: dict[str, str] | None = None) -> Iterator[Containerd]:
-    """Start containerd in network namespace `netns` (by name); stop it and unmount after."""
+    """Start containerd in network namespace `netns` (by name) with this CNI config (written
+    first: containerd reloads a changed folder only eventually); stop it and unmount after."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "net.d").mkdir()
+    (root / "net.d" / "10-railyard-test.conflist").write_text(json.dumps(conflist))
     bin_dir = root / "bin"
     bin_dir.mkdir()
     for p in _CNI_PLUGINS:

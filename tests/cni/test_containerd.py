@@ -5,7 +5,6 @@ its libcni 1.1 takes configs up to 1.0.0)."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 
@@ -51,10 +50,8 @@ def records(node: Node) -> list[dict]:
 @pytest.fixture
 def runtime(node: Node, shim: Path, service, tmp_path: Path, mode: str):
     env = standalone_env(node) if mode == "standalone" else {}
-    with private_containerd(tmp_path / "containerd", node.host, shim, env) as cd:
-        (cd.conf_dir / "10-ryk8s.conflist").write_text(
-            json.dumps(conflist(node, tmp_path, mode, service)))
-        time.sleep(0.5)  # containerd notices CNI config changes asynchronously
+    with private_containerd(tmp_path / "containerd", node.host, shim,
+                            conflist(node, tmp_path, mode, service), env) as cd:
         cri = Cri(cd.address)
         try:
             yield cd, cri
