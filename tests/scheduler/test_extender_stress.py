@@ -73,7 +73,7 @@ def test_concurrent_binds_never_double_allocate_and_survive_a_restart(tmp_path):
     random.Random(4).shuffle(attempts)
 
     async def go():
-        conn = aiohttp.TCPConnector(limit=400)
+        conn = aiohttp.TCPConnector(limit=200)  # 2 x 200 sockets: well under 1,024 fds
         async with served(ext) as url, aiohttp.ClientSession(connector=conn) as s:
             async def filter_then_bind(uid: str, node: str) -> str:
                 async with s.post(f"{url}/filter",
