@@ -184,7 +184,10 @@ class ClusterState:
         self.allocator = allocator if allocator is not None else Allocator()
         self._nodes: dict[str, _Node] = {}
         shapes: dict[tuple, int] = {}
-        by_parts: dict[tuple[int, ...], int] = {}
+        by_parts: dict[tuple[int, ...], tuple[int, frozenset[str]]] = {}
+        # One topology object per shape answers for all nodes of that shape: the allocator
+        # builds its search view once per topology object (milliseconds each).
+        self._canon: list[NodeTopology] = []
         for t in topologies:
             if t.node in self._nodes:
                 raise ValueError(f"duplicate node {t.node!r}")
@@ -194,13 +197,11 @@ class ClusterState:
             if known is None:
                 # The allocator's own notion of "same machine": hardware plus what is offered.
                 shape = shapes.setdefault((t.shape_key, offer_key(t)), len(shapes))
+                if shape == len(self._canon):
+                    self._canon.append(t)
                 known = by_parts[parts] = (shape, _never_offered(t))
             self._nodes[t.node] = _Node(t, *known)
-        self._keep = list(self._nodes.values())  # topologies stay alive: ids above stay valid
         self._groups: weakref.WeakValueDictionary[tuple, _Group] = weakref.WeakValueDictionary()
-        # One topology object per shape answers for all nodes of that shape: the allocator
-        # builds its search view once per topology object (milliseconds each).
-        self._canon = [self._any_of_shape(s) for s in range(len(shapes))]
         self._blank = [Ledger(t) for t in self._canon]  # never changed: the empty node
         self._empty = [self._intern((s, self._blank[s].signature(), ()))
                        for s in range(len(shapes))]
@@ -253,9 +254,6 @@ class ClusterState:
     def _new_ledger(self, node: _Node,
                     holders: Iterable[tuple[str, Allocation]] = ()) -> _TrackedLedger:
         return _TrackedLedger(node.topology, holders, lambda: self._regroup(node))
-
-    def _any_of_shape(self, shape: int) -> NodeTopology:
-        return next(n.topology for n in self._keep if n.shape == shape)
 
     def _intern(self, key: tuple) -> _Group:
         g = self._groups.get(key)
