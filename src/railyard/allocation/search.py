@@ -207,7 +207,7 @@ class Search:
         """
         bk = self.best_key
         if bk is None:
-            return False
+            return span_lb() is None  # infeasible below: CPUs do not fit or NUMA breaks
         if worst != bk[0]:
             return worst > bk[0]
         if total != bk[1]:
@@ -232,8 +232,9 @@ class Search:
         sh, fr, sp = self.shape, self.free, self.spec
         k = sp.gpus
         free_gpus = _bits(fr.gpus)
-        if len(free_gpus) < k:
-            return None
+        if (len(free_gpus) < k or sum(fr.vfs) < sp.vfs or sum(fr.whole_ok) < sp.pfs
+                or sum(fr.cpus) < sp.cpus or sum(fr.memory) < sp.memory):
+            return None  # plain counts: no search needed to say no
         self.offers: dict[int, list[tuple[int, int, int]]] = {}
         self.best_of: dict[int, int] = {}
         for i in free_gpus:
@@ -310,6 +311,33 @@ class Search:
             bt = self.best_tie
             return bt is not None and (gset, tuple(targets)) > (bt[0], bt[1][:d])
 
+        dist, maxd = self.shape.dist, sp.max_distance
+
+        def shared_bound(d: int, inst: int, wholes: int) -> tuple[int, int] | None:
+            """Shared pairing has few NICs: the GPUs left either join a NIC already chosen
+            (where it still has room) or use one of the few NIC instances left, each serving
+            at most `hi` GPUs. Bounds (worst, sum) of the rest; None when they cannot fit."""
+            spare = [j for j in range(npf)
+                     if (mode[j] == 1 and loads[j] % hi) or (mode[j] == 2 and loads[j] < hi)]
+            slots = ((sp.vfs - inst) + (sp.pfs - wholes)) * hi
+            costs = []
+            for i in gset[d:]:
+                row = dist[i]
+                near = min((row[j] for j in spare if row[j] <= maxd), default=INF)
+                costs.append((near, self.best_of[i]))
+            if len(costs) > slots:
+                by_near = sorted((c[0] for c in costs), reverse=True)
+                if by_near[slots] >= INF:
+                    return None
+                worst_rest = by_near[slots]
+            else:
+                worst_rest = 0
+            worst_rest = max(worst_rest, max(c[1] for c in costs))
+            savings = sorted((c[0] - c[1] for c in costs), reverse=True)
+            return worst_rest, sum(c[0] for c in costs) - sum(savings[:slots])
+
+        visited: dict[tuple, list[tuple[int, int, tuple]]] = {}
+
         def dfs(d: int, paired: int, worst: int, total: int, mask: int, inst: int,
                 wholes: int, unpaired: int, maxload: int, sumsq: int, closed: int) -> None:
             self.nodes += 1
@@ -319,6 +347,11 @@ class Search:
                 if need > len(b) or b[need - 1] >= INF:
                     return
                 lw, ls = max(worst, b[need - 1]), total + sums[need]
+                if hi > 1 and d:
+                    bound = shared_bound(d, inst, wholes)
+                    if bound is None:
+                        return
+                    lw, ls = max(lw, bound[0]), max(ls, total + bound[1])
             else:
                 lw, ls = worst, total
             if self._loses(lw, ls, lambda: (self.span(mask) or (None,))[0],
@@ -326,6 +359,19 @@ class Search:
                            lambda: self.aligned(gpus_after, self.open0 & ~closed),
                            lambda: ties_lose(d)):
                 return
+            # Prefixes that reach the same loads on the same PFs have the same futures: one
+            # that is no better in worst and summed distance (and not lower in address order
+            # on a tie) cannot win. This collapses GPU orders that shared pairing multiplies.
+            state = (d, tuple(loads), tuple(mode))
+            prefix = tuple(targets)
+            seen = visited.get(state)
+            if seen is None:
+                visited[state] = [(worst, total, prefix)]
+            else:
+                for w, t, p in seen:
+                    if w <= worst and t <= total and (w < worst or t < total or p < prefix):
+                        return
+                seen.append((worst, total, prefix))
             if d == k:
                 self._instances(gset, tuple(targets), loads, mode, worst, total, mask,
                                 maxload, sumsq, gpus_after)
