@@ -25,7 +25,7 @@ MEMORY_UNIT = 1 << 30
 
 
 @st.composite
-def topologies(draw) -> NodeTopology:
+def topologies(draw, min_gpus: int = 1) -> NodeTopology:
     n_numa = draw(st.integers(1, 3))
     numa = []
     cpu = 0
@@ -39,7 +39,7 @@ def topologies(draw) -> NodeTopology:
     gpus = tuple(
         Gpu(i, f"0000:{0x10 + i:02x}:00.0", draw(numa_id), f"GPU-{i}", "0x10de", "0x2330",
             "pci0000:00", None)
-        for i in range(draw(st.integers(1, 4)))
+        for i in range(draw(st.integers(min_gpus, 4)))
     )
     nics = []
     for j in range(draw(st.integers(1, 3))):
@@ -103,6 +103,15 @@ def paired_requests(draw, t: NodeTopology) -> Request:
 
 
 @st.composite
+def shared_requests(draw, t: NodeTopology) -> Request:
+    """More GPUs than NICs: shared pairing, where the search prunes hardest."""
+    gpus = draw(st.integers(2, len(t.gpus)))
+    return Request(gpus=gpus, vfs=draw(st.integers(1, gpus - 1)),
+                   pfs=draw(st.sampled_from([0, 0, 1])),
+                   max_distance=draw(st.sampled_from([None, None, Distance.NODE])))
+
+
+@st.composite
 def requests(draw, t: NodeTopology) -> Request:
     """Mostly requests the node could hold, with hard limits and hints now and then."""
     total_vfs = sum(len(n.vfs) for n in t.nics)
@@ -161,8 +170,14 @@ def test_paired_allocations_match_brute_force_minimum(data):
     check_against_brute_force(data, paired_requests)
 
 
-def check_against_brute_force(data, make_request) -> None:
-    t = data.draw(topologies())
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_shared_pairings_match_brute_force_minimum(data):
+    check_against_brute_force(data, shared_requests, min_gpus=3)
+
+
+def check_against_brute_force(data, make_request, min_gpus: int = 1) -> None:
+    t = data.draw(topologies(min_gpus))
     ledger = data.draw(ledgers(t))
     r = data.draw(make_request(t))
     result = Allocator().allocate(t, ledger, r)
