@@ -143,6 +143,12 @@ class Search:
         self.best_tie: tuple | None = None
         self.best: tuple | None = None
         self.nodes = 0  # search nodes visited, for benchmarks and curiosity
+        # Crowding can be no better than n NICs on n distinct PFs with loads as even as
+        # the pairing allows: r NICs serve `hi` GPUs, the others `lo`.
+        n, lo, hi = spec.vfs + spec.pfs, spec.lo, spec.hi
+        r = spec.pairs - n * lo
+        self.crowd_min = ((hi if r else lo), r * hi * hi + (n - r) * lo * lo) if spec.pairs \
+            else (0, 0)
 
     # ------------------------------------------------------------------ key parts
 
@@ -259,6 +265,8 @@ class Search:
                 if bests[pairs - 1] >= INF:
                     continue
                 lw, ls = bests[pairs - 1], sum(bests[:pairs])
+                if sp.hi > 1:
+                    lw, ls = self._few_nics_bound(gset, lw, ls)
             else:
                 lw = ls = 0
             mask = 0
@@ -275,7 +283,7 @@ class Search:
                 break  # sorted by these bounds: no later set can win either
             gmask = sum(1 << i for i in gset)
             after = fr.gpus & ~gmask
-            if self._loses(lw, ls, lambda lspan=lspan: lspan, (1 if pairs else 0, pairs),
+            if self._loses(lw, ls, lambda lspan=lspan: lspan, self.crowd_min,
                            lambda after=after: self.aligned(after, self.open0),
                            lambda gset=gset: self.best_tie[0] < gset):  # type: ignore[index]
                 continue
@@ -283,6 +291,31 @@ class Search:
         if self.best is None:
             return None
         return self._choice()
+
+    def _few_nics_bound(self, gset: tuple[int, ...], lw: int, ls: int) -> tuple[int, int]:
+        """Shared pairing: n NICs sit on at most n PFs, so at most the GPUs those PFs are
+        nearest to get their nearest class; every other GPU pays its next class at least."""
+        n = self.spec.vfs + self.spec.pfs
+        cover: dict[int, int] = {}
+        for i in gset:
+            best = self.best_of[i]
+            for d, j, _ in self.offers[i]:
+                if d != best:
+                    break
+                cover[j] = cover.get(j, 0) + 1
+        at_best = min(len(gset), sum(sorted(cover.values(), reverse=True)[:n]))
+        worse = len(gset) - at_best
+        if worse <= 0:
+            return lw, ls
+        steps = []
+        for i in gset:
+            best = self.best_of[i]
+            nxt = next((d for d, _, _ in self.offers[i] if d > best), INF)
+            steps.append((nxt - best, nxt))
+        steps.sort()
+        extra = sum(step for step, _ in steps[:worse])
+        worst_next = sorted(nxt for _, nxt in steps)[worse - 1]
+        return max(lw, worst_next), ls + extra
 
     # ------------------------------------------------------------------ level 2: pairings
 
@@ -337,6 +370,7 @@ class Search:
             return worst_rest, sum(c[0] for c in costs) - sum(savings[:slots])
 
         visited: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        crowd_min = self.crowd_min
 
         def dfs(d: int, paired: int, worst: int, total: int, mask: int, inst: int,
                 wholes: int, unpaired: int, maxload: int, sumsq: int, closed: int) -> None:
@@ -355,7 +389,8 @@ class Search:
             else:
                 lw, ls = worst, total
             if self._loses(lw, ls, lambda: (self.span(mask) or (None,))[0],
-                           (max(maxload, 1 if need else 0), sumsq + need),
+                           (max(maxload, 1 if need else 0, crowd_min[0]),
+                            max(sumsq + need, crowd_min[1])),
                            lambda: self.aligned(gpus_after, self.open0 & ~closed),
                            lambda: ties_lose(d)):
                 return
