@@ -48,10 +48,11 @@ class Node:
         self.whole_ok: dict[str, bool] = {}
         for n in t.nics:
             port = n.port_state is None or n.port_state.upper().endswith("ACTIVE")
-            offered = [v for v in n.vfs if v.driver != "vfio-pci"
-                       and (v.netdev is not None or v.rdma_device is not None)]
-            held = any(v.driver != "vfio-pci" and v.netdev is None and v.rdma_device is None
-                       for v in n.vfs)
+            # ARCHITECTURE.md: an RDMA VF (not vfio-pci, bound or with an RDMA device) is
+            # offered while in the host view; one that left it is held by some pod.
+            in_view = [v for v in n.vfs if v.netdev is not None or v.rdma_device is not None]
+            offered = [v for v in in_view if v.is_rdma]
+            held = any(v.is_rdma and v not in in_view for v in n.vfs)
             in_use = any(v.pci_address in used_vfs for v in n.vfs)
             whole_held = n.pci_address in used_pfs
             self.free_vfs[n.pci_address] = 0 if (not port or whole_held) else sum(

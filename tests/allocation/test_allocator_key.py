@@ -46,12 +46,13 @@ def topologies(draw, min_gpus: int = 1) -> NodeTopology:
         bus = 0x40 + j
         vfs = []
         for v in range(draw(st.sampled_from([0, 1, 2, 2, 3, 3]))):
-            state = draw(st.sampled_from(["ok"] * 6 + ["vfio", "held"]))
+            state = draw(st.sampled_from(["ok"] * 6 + ["vfio", "held", "unbound"]))
+            gone = state in ("held", "unbound")
             vfs.append(Vf(
                 f"0000:{bus:02x}:00.{v + 1}", v,
-                None if state == "held" else f"mlx5_{10 * j + v + 10}",
-                None if state == "held" else f"ib{j}v{v}",
-                "vfio-pci" if state == "vfio" else "mlx5_core", None))
+                None if gone else f"mlx5_{10 * j + v + 10}",
+                None if gone else f"ib{j}v{v}",
+                {"vfio": "vfio-pci", "unbound": None}.get(state, "mlx5_core"), None))
         nics.append(Nic(
             f"0000:{bus:02x}:00.0", f"mlx5_{j}", f"ib{j}", draw(numa_id), "InfiniBand",
             draw(st.sampled_from(["4: ACTIVE"] * 6 + ["1: DOWN", None])),
@@ -143,7 +144,7 @@ def check_valid(t: NodeTopology, ledger: Ledger, r: Request, a: Allocation) -> N
     assert all(lo <= n <= hi for n in served.values()), served
     for n in a.vfs:
         pf, vf = t.vf(n.pci_address)
-        assert vf.driver != "vfio-pci" and (vf.netdev or vf.rdma_device)
+        assert vf.is_rdma and (vf.netdev or vf.rdma_device)
         assert pf.port_state is None or pf.port_state.endswith("ACTIVE")
     for n in a.pfs:
         assert not t.nic(n.pci_address).default_route
@@ -199,7 +200,7 @@ def test_memoised_answer_equals_cold_answer_on_a_node_with_other_used_vfs(data):
     t = data.draw(topologies())
     r = data.draw(requests(t))
     pf = data.draw(st.sampled_from(t.nics))
-    usable = [v for v in pf.vfs if v.driver != "vfio-pci" and (v.netdev or v.rdma_device)]
+    usable = [v for v in pf.vfs if v.is_rdma and (v.netdev or v.rdma_device)]
     if len(usable) < 2:
         return
     first, second = data.draw(st.permutations(usable))[:2]

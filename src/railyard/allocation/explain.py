@@ -135,10 +135,9 @@ def _single_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
 def explain(shape: NodeShape, free: FreeState, request: Request) -> str:
     """The first constraint that fails on this node, and where."""
     spec = Spec.of(request)
-    node = shape.topology.node
     nfree = free.gpus.bit_count()
     if spec.gpus > len(shape.gpus):
-        return f"{_plural(spec.gpus, 'GPU')} requested but {node} has {len(shape.gpus)}"
+        return f"{_plural(spec.gpus, 'GPU')} requested but the node has {len(shape.gpus)}"
     if spec.gpus > nfree:
         return f"{_plural(spec.gpus, 'GPU')} requested but only {nfree} of {len(shape.gpus)} free"
     vf_free = sum(free.vfs)

@@ -18,12 +18,18 @@ VF, WHOLE = 0, 1  # how a PF serves a pod: some of its VFs, or itself whole
 
 
 def vf_allocatable(vf: Vf) -> bool:
-    """An RDMA VF the host can hand out: not bound to vfio-pci, and still in the host view.
+    """An RDMA VF the host can hand out: an RDMA VF (`Vf.is_rdma`) still in the host view.
 
-    A VF with neither a netdev nor an RDMA device has moved into some pod's namespace; it is
-    held, whether or not the ledger knows by whom (ARCHITECTURE.md, "Allocatable devices").
+    An RDMA VF with neither a netdev nor an RDMA device has moved into some pod's namespace;
+    it is held, whether or not the ledger knows by whom (ARCHITECTURE.md, "Allocatable
+    devices"), until discovery sees it back on the host.
     """
-    return vf.driver != "vfio-pci" and (vf.netdev is not None or vf.rdma_device is not None)
+    return vf.is_rdma and (vf.netdev is not None or vf.rdma_device is not None)
+
+
+def vf_held_in_pod(vf: Vf) -> bool:
+    """An RDMA VF out of the host view: its PF cannot be taken whole."""
+    return vf.is_rdma and vf.netdev is None and vf.rdma_device is None
 
 
 def port_usable(nic: Nic) -> bool:
@@ -111,9 +117,7 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         if ok else ()
         for n, ok in zip(pfs, port_ok, strict=True)
     )
-    held = tuple(
-        any(v.driver != "vfio-pci" and not vf_allocatable(v) for v in n.vfs) for n in pfs
-    )
+    held = tuple(any(vf_held_in_pod(v) for v in n.vfs) for n in pfs)
     nonalloc = {
         v.pci_address: j for j, (n, ok) in enumerate(zip(pfs, port_ok, strict=True))
         for v in n.vfs if not ok or not vf_allocatable(v)
