@@ -317,3 +317,12 @@ def test_memo_answers_nodes_of_one_shape_with_their_own_names():
 def test_unknown_packing_is_refused():
     with pytest.raises(ValueError, match="packing"):
         Allocator("random")  # type: ignore[arg-type]
+
+
+def test_memoised_reason_names_each_node_itself():
+    alloc = Allocator()
+    for name in ("gpu-a", "gpu-b"):
+        t = topo("dgx-h100", node=name)
+        result = alloc.allocate(t, Ledger(t), Request(gpus=9))
+        assert isinstance(result, Infeasible)
+        assert result.reason == f"9 GPUs requested but {name} has 8"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from railyard.allocation.explain import explain
+from railyard.allocation.explain import NODE, explain
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
 from railyard.allocation.search import Choice, Spec, search
@@ -58,7 +58,7 @@ class Allocator:
         shape = self.shape(topology)
         decided = self._decide(shape, ledger, request)
         if isinstance(decided, Infeasible):
-            return decided
+            return _named(decided, topology)
         return _concrete(shape, ledger, request, decided)
 
     def node_score(self, topology: NodeTopology, ledger: Ledger, request: Request) -> int:
@@ -98,7 +98,8 @@ class Allocator:
     def choose(self, topology: NodeTopology, ledger: Ledger | None,
                request: Request) -> Choice | Infeasible:
         """The abstract decision (memoised): for tests, benchmarks and curious callers."""
-        return self._decide(self.shape(topology), ledger, request)
+        decided = self._decide(self.shape(topology), ledger, request)
+        return _named(decided, topology) if isinstance(decided, Infeasible) else decided
 
     def shape(self, topology: NodeTopology) -> NodeShape:
         """The search view of a topology, built once per topology object."""
@@ -137,6 +138,13 @@ class Allocator:
             self._memo.clear()
         self._memo[key] = hit
         return hit
+
+
+def _named(result: Infeasible, topology: NodeTopology) -> Infeasible:
+    """A memoised reason with this node's own name in it."""
+    if NODE not in result.reason:
+        return result
+    return Infeasible(result.reason.replace(NODE, topology.node), result.unresolvable)
 
 
 def _odd_used(shape: NodeShape, ledger: Ledger) -> tuple:

@@ -14,6 +14,9 @@ from railyard.allocation.shape import FreeState, NodeShape
 from railyard.topology.model import Distance
 
 _MAX_LISTED = 4
+# Stands for the node's name in a reason: one memoised reason serves every node of a shape,
+# and the allocator puts each node's own name in (`Allocator.allocate`).
+NODE = "\x00node\x00"
 
 
 def _plural(n: int, word: str) -> str:
@@ -137,7 +140,7 @@ def explain(shape: NodeShape, free: FreeState, request: Request) -> str:
     spec = Spec.of(request)
     nfree = free.gpus.bit_count()
     if spec.gpus > len(shape.gpus):
-        return f"{_plural(spec.gpus, 'GPU')} requested but the node has {len(shape.gpus)}"
+        return f"{_plural(spec.gpus, 'GPU')} requested but {NODE} has {len(shape.gpus)}"
     if spec.gpus > nfree:
         return f"{_plural(spec.gpus, 'GPU')} requested but only {nfree} of {len(shape.gpus)} free"
     vf_free = sum(free.vfs)
