@@ -1,6 +1,6 @@
 """Per-node allocation time: the exact allocator, cold and memoised, beside greedy first-fit.
 
-    PYTHONPATH=src python3 benchmarks/allocator.py [--repeat N] [--markdown]
+    PYTHONPATH=src python3 benchmarks/allocator.py [--repeat N] [--sweep]
 
 For each profile (dgx-h100, dgx-a100, hgx-h100-4nic), each request of k GPUs with k VFs
 (k = 1, 2, 4, 8) and each node state (empty; half used: every other GPU and half of each
@@ -10,11 +10,15 @@ PF's VFs held), it times:
   score     `node_score` answered from the memo (what the extender asks per node),
   greedy    first-fit: lowest free GPUs, each with the first PF that has a free VF.
 Medians and 99th percentiles in microseconds, measured in the same run.
+`--sweep` instead times one cold search for every request of 0–8 GPUs × 0–12 VFs × 0–2 whole
+PFs × (0 or 16 CPUs) × numa preferred|single on four profiles, empty and half used, and lists
+the slowest.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -108,10 +112,36 @@ def run(repeat: int) -> list[dict]:
     return rows
 
 
+def sweep(top: int = 10) -> None:
+    """One cold search per request shape: where the exact search is slow."""
+    times = []
+    for name in (*PROFILES, "mi300x"):
+        t = build_topology(profile(name), vfs_per_pf=8, node=name)
+        for state, ledger in (("empty", Ledger(t)), ("half", half_used(t))):
+            for k, v, p, c, numa in itertools.product(range(9), (0, 1, 2, 3, 4, 8, 12), (0, 1, 2),
+                                                      (0, 16), ("preferred", "single")):
+                r = Request(gpus=k, vfs=v, pfs=p, exclusive_cpus=c, numa=numa)
+                alloc = Allocator()
+                alloc.shape(t)
+                t0 = time.perf_counter()
+                alloc.allocate(t, ledger, r)
+                times.append(((time.perf_counter() - t0) * 1e3,
+                              f"{name} {state} gpus={k},vfs={v},pfs={p},cpus={c} numa={numa}"))
+    times.sort(reverse=True)
+    print(f"{len(times)} requests; median {statistics.median(x for x, _ in times):.2f} ms; "
+          f"over 50 ms: {sum(1 for x, _ in times if x > 50)}")
+    for ms, what in times[:top]:
+        print(f"{ms:8.1f} ms  {what}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200, help="cold runs per case (memo: ×5)")
+    ap.add_argument("--sweep", action="store_true", help="time every request shape once")
     args = ap.parse_args()
+    if args.sweep:
+        sweep()
+        return
     rows = run(args.repeat)
     print("| profile | state | GPUs+VFs | worst pair (exact / greedy) | cold median / p99 "
           "| memo allocate median / p99 | memo score median | greedy median / p99 |")

@@ -14,7 +14,7 @@ from typing import Literal
 from railyard.allocation.explain import NODE, explain
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
-from railyard.allocation.search import Choice, Spec, search
+from railyard.allocation.search import Choice, Spec, feasible, search
 from railyard.allocation.shape import (
     NodeShape,
     ShapeCaches,
@@ -129,7 +129,7 @@ class Allocator:
         found = search(shape, free, request)
         if found is None:
             empty = free if ledger is None else empty_state(shape)
-            unresolvable = ledger is None or search(shape, empty, request) is None
+            unresolvable = ledger is None or not feasible(shape, empty, request)
             hit = Infeasible(explain(shape, empty if unresolvable else free, request),
                              unresolvable=unresolvable)
         else:

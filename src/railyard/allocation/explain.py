@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from railyard.allocation.request import Request
-from railyard.allocation.search import Spec, search
+from railyard.allocation.search import Spec, feasible
 from railyard.allocation.shape import FreeState, NodeShape
 from railyard.topology.model import Distance
 
@@ -157,11 +157,10 @@ def explain(shape: NodeShape, free: FreeState, request: Request) -> str:
         return f"{spec.cpus} exclusive CPUs requested but only {sum(free.cpus)} free"
     if spec.memory > sum(free.memory):
         return f"{spec.memory} bytes of memory requested but only {sum(free.memory)} free"
-    if spec.pairs and spec.max_distance < Distance.SYS and search(
-            shape, free, replace(request, max_distance=None)) is not None:
+    if spec.pairs and spec.max_distance < Distance.SYS and feasible(
+            shape, free, replace(request, max_distance=None)):
         return _distance_reason(shape, free, spec)
-    if spec.numa == "single" and search(
-            shape, free, replace(request, numa="preferred")) is not None:
+    if spec.numa == "single" and feasible(shape, free, replace(request, numa="preferred")):
         return _single_reason(shape, free, spec)
     if spec.pairs and spec.lo:
         return (f"no placement gives {_plural(spec.gpus, 'GPU')} {_plural(request.nics, 'NIC')}"

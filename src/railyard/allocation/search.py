@@ -33,6 +33,10 @@ INF = 1 << 20
 _MISSING = object()
 
 
+class _Found(Exception):
+    """Unwinds the search once any feasible choice is enough."""
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """A request in search terms. Each NIC serves between `lo` and `hi` GPUs; `pairs` GPUs
@@ -132,7 +136,9 @@ def _bits(mask: int) -> list[int]:
 class Search:
     """One minimisation of the key for one (shape, free state, request)."""
 
-    def __init__(self, shape: NodeShape, free: FreeState, spec: Spec) -> None:
+    def __init__(self, shape: NodeShape, free: FreeState, spec: Spec,
+                 any_feasible: bool = False) -> None:
+        self.any_feasible = any_feasible  # stop at the first feasible choice (explanations)
         self.shape = shape
         self.free = free
         self.spec = spec
@@ -287,7 +293,10 @@ class Search:
                            lambda after=after: self.aligned(after, self.open0),
                            lambda gset=gset: self.best_tie[0] < gset):  # type: ignore[index]
                 continue
-            self._pair(gset, mask, after)
+            try:
+                self._pair(gset, mask, after)
+            except _Found:
+                break
         if self.best is None:
             return None
         return self._choice()
@@ -299,9 +308,7 @@ class Search:
         cover: dict[int, int] = {}
         for i in gset:
             best = self.best_of[i]
-            for d, j, _ in self.offers[i]:
-                if d != best:
-                    break
+            for j in {j for d, j, _ in self.offers[i] if d == best}:  # a PF once, VF or whole
                 cover[j] = cover.get(j, 0) + 1
         at_best = min(len(gset), sum(sorted(cover.values(), reverse=True)[:n]))
         worse = len(gset) - at_best
@@ -531,6 +538,8 @@ class Search:
                 if self.best_key is None or (key, tie) < (self.best_key, self.best_tie):
                     self.best_key, self.best_tie = key, tie
                     self.best = (gset, targets, wset, tuple(counts), cmask, s[1])
+                    if self.any_feasible:
+                        raise _Found
                 return
             if self._loses(worst, total,
                            lambda: (self.span(cmask | snuma[idx]) or (None,))[0], crowd,
@@ -579,3 +588,8 @@ class Search:
 def search(shape: NodeShape, free: FreeState, request: Request) -> Choice | None:
     """The key's minimum for `request` on this node, or None when nothing is feasible."""
     return Search(shape, free, Spec.of(request)).run()
+
+
+def feasible(shape: NodeShape, free: FreeState, request: Request) -> bool:
+    """Whether anything fits, without looking for the best."""
+    return Search(shape, free, Spec.of(request), any_feasible=True).run() is not None
