@@ -353,28 +353,48 @@ class Search:
 
         dist, maxd = self.shape.dist, sp.max_distance
 
+        # Per GPU: the PFs at its nearest class, and its next class (for the bound below).
+        nearest_pfs = {i: {j for dd, j, _ in offers[i] if dd == self.best_of[i]} for i in gset}
+        next_class = {i: next((dd for dd, _, _ in offers[i] if dd > self.best_of[i]), INF)
+                      for i in gset}
+
         def shared_bound(d: int, inst: int, wholes: int) -> tuple[int, int] | None:
-            """Shared pairing has few NICs: the GPUs left either join a NIC already chosen
-            (where it still has room) or use one of the few NIC instances left, each serving
-            at most `hi` GPUs. Bounds (worst, sum) of the rest; None when they cannot fit."""
+            """Shared pairing has few NICs. A GPU left either joins a NIC already chosen
+            (where it still has room: cost `near`) or uses one of the `left` NIC instances,
+            each serving at most `hi` GPUs; and those instances sit on at most `left` new
+            PFs, so only the GPUs those PFs are nearest to get their nearest class, the
+            others pay at least their next one. Bounds (worst, sum) of the GPUs left; None
+            when they cannot fit."""
             spare = [j for j in range(npf)
                      if (mode[j] == 1 and loads[j] % hi) or (mode[j] == 2 and loads[j] < hi)]
-            slots = ((sp.vfs - inst) + (sp.pfs - wholes)) * hi
-            costs = []
-            for i in gset[d:]:
+            left = (sp.vfs - inst) + (sp.pfs - wholes)
+            slots = left * hi
+            rest = gset[d:]
+            near = []
+            for i in rest:
                 row = dist[i]
-                near = min((row[j] for j in spare if row[j] <= maxd), default=INF)
-                costs.append((near, self.best_of[i]))
-            if len(costs) > slots:
-                by_near = sorted((c[0] for c in costs), reverse=True)
+                near.append(min((row[j] for j in spare if row[j] <= maxd), default=INF))
+            best = [self.best_of[i] for i in rest]
+            # (1) at most `slots` GPUs use new instances.
+            worst1 = max(best)
+            if len(rest) > slots:
+                by_near = sorted(near, reverse=True)
                 if by_near[slots] >= INF:
                     return None
-                worst_rest = by_near[slots]
-            else:
-                worst_rest = 0
-            worst_rest = max(worst_rest, max(c[1] for c in costs))
-            savings = sorted((c[0] - c[1] for c in costs), reverse=True)
-            return worst_rest, sum(c[0] for c in costs) - sum(savings[:slots])
+                worst1 = max(worst1, by_near[slots])
+            savings = sorted((a - b for a, b in zip(near, best, strict=True)), reverse=True)
+            sum1 = sum(near) - sum(savings[:slots])
+            # (2) at most `covered` GPUs get their nearest class from a new PF.
+            cover: dict[int, int] = {}
+            for i in rest:
+                for j in nearest_pfs[i]:
+                    cover[j] = cover.get(j, 0) + 1
+            covered = min(len(rest), sum(sorted(cover.values(), reverse=True)[:left]))
+            other = [min(a, next_class[i]) for a, i in zip(near, rest, strict=True)]
+            worst2 = sorted(other, reverse=True)[covered] if len(rest) > covered else 0
+            gains = sorted((o - b for o, b in zip(other, best, strict=True)), reverse=True)
+            sum2 = sum(other) - sum(gains[:covered])
+            return max(worst1, worst2), max(sum1, sum2)
 
         visited: dict[tuple, list[tuple[int, int, tuple]]] = {}
         crowd_min = self.crowd_min
