@@ -440,7 +440,11 @@ class Search:
                 return
             i = gset[d]
             if paired < pairs:
-                for dist, j, kind in offers[i]:
+                # Nearest first and, among equals, the least loaded PF first: the first
+                # leaf is then usually uncrowded, which prunes the rest sooner.
+                mine = offers[i] if not paired else sorted(
+                    offers[i], key=lambda o: (o[0], loads[o[1]], o[1], o[2]))
+                for dist, j, kind in mine:
                     load = loads[j]
                     m = mode[j]
                     if kind == VF:
