@@ -196,14 +196,17 @@ class NodeTopology:
     def shape_key(self) -> tuple:
         """A hashable identity of the hardware shape, equal for identical machines.
 
-        Node names are excluded so that thousands of identical nodes share one key.
+        Node names are excluded so that thousands of identical nodes share one key; every
+        field that decides whether a device can be offered (driver, port state, default
+        route, whether a VF is still visible on the host) is in.
         """
         return (
             tuple((n.id, n.cpus, n.memory_bytes) for n in self.numa_nodes),
             tuple((g.pci_address, g.numa_node) for g in self.gpus),
             tuple(
-                (n.pci_address, n.numa_node, n.port_state, n.driver,
-                 tuple((v.pci_address, v.driver, v.rdma_device is not None) for v in n.vfs))
+                (n.pci_address, n.numa_node, n.port_state, n.driver, n.default_route,
+                 tuple((v.pci_address, v.driver, v.rdma_device is not None, v.netdev is not None)
+                       for v in n.vfs))
                 for n in self.nics
             ),
             tuple(
