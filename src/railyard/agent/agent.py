@@ -20,6 +20,7 @@ from pathlib import Path
 from railyard.agent.config import AgentConfig
 from railyard.agent.pods import PodSource
 from railyard.agent.state import StateStore
+from railyard.files import write_atomic
 from railyard.kubelet.admission import Admission
 from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
@@ -172,6 +173,7 @@ class Agent:
         if hasattr(cni_service, "build_plugin") and hasattr(cni_service, "start"):
             plugin = cni_service.build_plugin(
                 self.options.state_dir, sysfs_root=self.options.sysfs_root, store=self.store,
+                device_info_dir=self.config.cni_devinfo_dir,
                 pod_resources_socket=self.paths.pod_resources_socket)
             self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
         else:
@@ -251,9 +253,7 @@ class Agent:
         for name, body in grant.devinfo.items():
             try:
                 folder.mkdir(parents=True, exist_ok=True)
-                tmp = folder / f".{name}.tmp"
-                tmp.write_text(body)
-                os.replace(tmp, folder / name)
+                write_atomic(folder / name, body.encode(), mode=0o644)
             except OSError as e:
                 log.warning("device-info file %s: %s", folder / name, e.strerror or e)
         if self._verify_task is None or self._verify_task.done():

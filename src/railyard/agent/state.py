@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from railyard.allocation.types import Allocation, NicRef
+from railyard.files import fsync_dir, write_atomic
 from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
 
 log = logging.getLogger(__name__)
@@ -214,11 +215,7 @@ class _Flusher:
                 log.warning("state store: fsync %s: %s", p, e.strerror or e)
             finally:
                 os.close(fd)
-        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.folder)
 
     def stop(self) -> None:
         with self._cond:
@@ -310,34 +307,17 @@ class StateStore:
 
     def _write(self, r: PodRecord) -> None:
         path = self._path(r.uid)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         body = json.dumps(record_to_json(r), indent=1, sort_keys=True).encode()
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.write(fd, body)
-                if self._flusher is None:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+            write_atomic(path, body, fsync=self._flusher is None)
             st = os.stat(path)
             self._cache[str(path)] = ((st.st_mtime_ns, st.st_size, st.st_ino), r)
             if self._flusher is None:
-                self._fsync_dir()
+                fsync_dir(self.pods_dir)
             else:
                 self._flusher.later(path)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StateError(path, e.strerror or str(e)) from None
-
-    def _fsync_dir(self) -> None:
-        fd = os.open(self.pods_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ API
 
@@ -438,7 +418,7 @@ class StateStore:
             except FileNotFoundError:
                 return False
             if self._flusher is None:
-                self._fsync_dir()
+                fsync_dir(self.pods_dir)
             else:
                 self._flusher.later(path)  # gone: only the folder is synced
             return True

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from railyard.cni.spec import CniError, Code
+from railyard.files import write_atomic
 
 RECORD_VERSION = 1
 
@@ -79,13 +80,7 @@ def _write_atomic(path: Path, body: bytes) -> None:
     """Temp + rename, without fsync: these records must survive a crashed process, which
     rename alone guarantees; after a power loss no pod netns survives either, so a lost
     record has nothing left to restore (docs/decisions/0042)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, body)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, body)
 
 
 class CniStore:

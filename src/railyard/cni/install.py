@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import railyard.cni.shim as shim_module
+from railyard.files import write_atomic
 
 SHIM_NAME = "railyard-cni"
 MODULE_DIR = ".railyard-cni"
@@ -35,10 +36,7 @@ def launcher_source(interpreter: str, module_dir: Path) -> str:
 
 def _replace(path: Path, text: str, mode: int) -> None:
     """Write next to the target, then rename: a runtime may be executing the old file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.chmod(mode)
-    os.replace(tmp, path)
+    write_atomic(path, text.encode("utf-8"), mode=mode)
 
 
 def install_shim(bin_dir: str | os.PathLike[str], interpreter: str | None = None) -> Path:

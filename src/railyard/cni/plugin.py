@@ -46,6 +46,7 @@ from railyard.cni.spec import (
     parse_netconf,
     version_key,
 )
+from railyard.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -415,10 +416,7 @@ class Plugin:
             body = json.dumps({"type": "pci", "version": "1.1.0", "pci": pci}).encode()
             try:
                 os.makedirs(folder, exist_ok=True)
-                tmp = f"{path}.{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    f.write(body)
-                os.replace(tmp, path)
+                write_atomic(path, body, mode=0o644)
             except OSError as e:
                 raise CniError(Code.IO, f"device-info file {path}: {e.strerror}") from None
             d.device_info_path = path
