@@ -179,3 +179,14 @@ def test_any_input_gets_a_spec_answer_never_a_traceback(plugin: Plugin, conf, co
 def test_shim_answers_version_without_a_service(tmp_path: Path, shim):
     r = run_shim(shim, "VERSION", {"cniVersion": "0.4.0"})
     assert r.out["cniVersion"] == "0.4.0" and "1.1.0" in r.out["supportedVersions"]
+
+
+def test_standalone_with_a_missing_host_netns_answers_code_5_not_a_traceback(shim, tmp_path):
+    conf = {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni", "standalone": True,
+            "stateDir": str(tmp_path / "state")}
+    r = run_shim(shim, "ADD", conf, **GOOD_ENV,
+                 extra_env={"RAILYARD_CNI_HOST_NETNS": str(tmp_path / "no-such-netns"),
+                            "RAILYARD_CNI_POD_RESOURCES": ""})
+    assert r.code == 1 and r.error == 5
+    assert "RAILYARD_CNI_HOST_NETNS" in r.out["msg"]
+    assert "Traceback" not in r.stderr

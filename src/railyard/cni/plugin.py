@@ -40,10 +40,12 @@ from railyard.cni.spec import (
     ResultInterface,
     build_result,
     check_ifname,
+    load_config,
     pair_ifnames,
     parse_env,
     parse_ipam_result,
     parse_netconf,
+    reply_version,
     version_key,
 )
 from railyard.files import write_atomic
@@ -143,15 +145,8 @@ class Plugin:
             call = parse_env(env)
             if call.command == "VERSION":
                 return self._version(stdin)
-            try:
-                data = json.loads(stdin)
-            except (ValueError, UnicodeDecodeError) as e:
-                raise CniError(Code.DECODE, f"network config on stdin is not JSON: {e}") from None
-            if not isinstance(data, dict):
-                raise CniError(Code.DECODE, "network config on stdin is not a JSON object")
-            if isinstance(data.get("cniVersion"), str) and data["cniVersion"] in \
-                    SUPPORTED_VERSIONS:
-                version = data["cniVersion"]
+            data = load_config(stdin)
+            version = reply_version(data)
             conf = parse_netconf(data)
             if call.command in ("GC", "STATUS") and version_key(conf.version) < (1, 1, 0):
                 raise CniError(Code.INCOMPATIBLE_VERSION,
@@ -169,11 +164,10 @@ class Plugin:
 
     def _version(self, stdin: bytes) -> Reply:
         try:
-            asked = json.loads(stdin).get("cniVersion")
-        except (ValueError, AttributeError):
-            asked = None
-        out = {"cniVersion": asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION,
-               "supportedVersions": list(SUPPORTED_VERSIONS)}
+            version = reply_version(load_config(stdin))
+        except CniError:
+            version = LATEST_VERSION
+        out = {"cniVersion": version, "supportedVersions": list(SUPPORTED_VERSIONS)}
         return Reply(0, (json.dumps(out) + "\n").encode())
 
     # ------------------------------------------------------------------ ADD

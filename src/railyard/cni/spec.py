@@ -8,6 +8,7 @@ Facts follow the CNI 1.1 specification (containernetworking/cni SPEC.md) and lib
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -297,6 +298,23 @@ def _opt_str(d: Mapping[str, Any], key: str, where: str = "") -> str | None:
     if not isinstance(v, str):
         raise _bad(f"{where}{key}: expected a string, got {type(v).__name__}")
     return v
+
+
+def load_config(stdin: bytes) -> dict[str, Any]:
+    """The network config on stdin as a JSON object; CniError(DECODE) otherwise."""
+    try:
+        data = json.loads(stdin)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CniError(Code.DECODE, f"network config on stdin is not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise CniError(Code.DECODE, "network config on stdin is not a JSON object")
+    return data
+
+
+def reply_version(data: Mapping[str, Any]) -> str:
+    """The version to answer in, errors included: the config's when we speak it, else ours."""
+    asked = data.get("cniVersion")
+    return asked if isinstance(asked, str) and asked in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
 def parse_netconf(data: Mapping[str, Any]) -> NetConf:

@@ -15,8 +15,17 @@ from collections.abc import Mapping
 
 from railyard.agent.state import StateError
 from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET
+from railyard.cni.netns import NetnsError
 from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin
-from railyard.cni.spec import LATEST_VERSION, SUPPORTED_VERSIONS, CniError, Code, parse_netconf
+from railyard.cni.rdma import RdmaError
+from railyard.cni.spec import (
+    LATEST_VERSION,
+    CniError,
+    Code,
+    load_config,
+    parse_netconf,
+    reply_version,
+)
 
 
 def plugin_from_env(state_dir: str, env: Mapping[str, str]) -> Plugin:
@@ -36,20 +45,18 @@ def run(env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes, bytes]:
     """One call, in process: (exit code, stdout, stderr)."""
     version = LATEST_VERSION
     try:
-        try:
-            data = json.loads(stdin)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CniError(Code.DECODE, f"network config on stdin is not JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise CniError(Code.DECODE, "network config on stdin is not a JSON object")
-        if data.get("cniVersion") in SUPPORTED_VERSIONS:
-            version = data["cniVersion"]
+        data = load_config(stdin)
+        version = reply_version(data)
         conf = parse_netconf(data)
         assert conf.state_dir is not None  # parse_netconf requires it with standalone
         try:
             plugin = plugin_from_env(conf.state_dir, env)
         except StateError as e:
             raise CniError(Code.IO, f"stateDir: {e}") from None
+        except NetnsError as e:  # only RAILYARD_CNI_HOST_NETNS names a namespace here
+            raise CniError(Code.IO, f"RAILYARD_CNI_HOST_NETNS: {e.strerror}") from None
+        except (OSError, RdmaError) as e:  # the node cannot serve the call; never a traceback
+            raise CniError(Code.IO, f"cannot start the plugin: {e}") from None
     except CniError as e:
         return 1, (json.dumps(e.to_json(version)) + "\n").encode(), b""
     try:
