@@ -9,6 +9,8 @@ filter searches each signature once. `node_score` ranks nodes for the extender.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Hashable
 from typing import Literal
 
 from railyard.allocation.explain import NODE, explain
@@ -21,6 +23,7 @@ from railyard.allocation.shape import (
     build_shape,
     empty_state,
     free_state,
+    same_shape,
 )
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Pair
 from railyard.topology.cpus import format_cpulist
@@ -35,8 +38,8 @@ _SHAPE_LIMIT = 1 << 14
 class Allocator:
     """Exact joint allocation with a memo; one per extender, simulator or agent.
 
-    `packing` orders nodes that the key cannot tell apart: `binpack` prefers nodes already in
-    use (keeps whole nodes free for large pods), `spread` prefers idle ones.
+    `packing` orders nodes that the key cannot tell apart: `binpack` prefers fuller nodes
+    (keeps whole nodes free for large pods), `spread` emptier ones.
     """
 
     def __init__(self, packing: Packing = "binpack") -> None:
@@ -45,6 +48,11 @@ class Allocator:
         self.packing = packing
         # id(topology) -> its shape; the shape holds the topology, so the id stays valid.
         self._shapes: dict[int, NodeShape] = {}
+        # shape_key -> a built shape: another node of a known shape costs no search build.
+        self._by_key: dict[tuple, NodeShape] = {}
+        # (gpus, nics, numa_nodes, distance) objects -> a built shape: nodes built from one
+        # profile share these, so they skip even `shape_key` (~30 µs on a DGX).
+        self._by_parts: dict[tuple[int, ...], tuple[tuple, NodeShape]] = {}
         self._shape_ids: dict[tuple, int] = {}  # full shape key -> small int for memo keys
         self._caches: dict[tuple, ShapeCaches] = {}
         self._memo: dict[tuple, Choice | Infeasible] = {}
@@ -56,29 +64,44 @@ class Allocator:
                  request: Request) -> Allocation | Infeasible:
         """The best allocation for `request` on this node now, or why there is none."""
         shape = self.shape(topology)
-        decided = self._decide(shape, ledger, request)
+        decided = self._decide(shape, self.group_key(topology, ledger), ledger, request)
         if isinstance(decided, Infeasible):
             return _named(decided, topology)
         return _concrete(shape, ledger, request, decided)
 
+    def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> Hashable:
+        """Nodes with equal keys get equal answers to every request (up to their names).
+
+        The one definition of "same machine, same free state": the shape id (hardware and
+        what is offered), the ledger's signature, and the used VFs that are never offered
+        (the signature does not count them). The memo is keyed by this plus the request
+        shape; the extender groups nodes by it. `None` is the empty ledger.
+        """
+        shape = self.shape(topology)
+        if ledger is None:
+            return (shape.id, _EMPTY_SIGNATURE, ())
+        return (shape.id, ledger.signature(), _odd_used(shape, ledger))
+
     def node_score(self, topology: NodeTopology, ledger: Ledger, request: Request) -> int:
-        """0 when infeasible, else 1–10: tiers of the key, then packing (docs/allocation.md).
+        """0 when infeasible, else 1–10: tiers of the key, then graded packing.
 
         Tiers: 5 = no pair worse than PIX and as good as on the empty node (worst and summed
         distance, NUMA span, crowding), 4 = PIX but worse than empty, 3/2 = the same for
-        PXB, 1 = a pair beyond PXB (no GPUDirect RDMA). Score = 2·tier − 1 + packing bit.
+        PXB, 1 = a pair beyond PXB (no GPUDirect RDMA). Each tier owns a band of scores
+        (`_BANDS`, higher tiers above lower ones); within its band a node moves up with how
+        full it is after placing the pod (`binpack`) or how empty (`spread`), see `_packing`.
         """
-        shape = self.shape(topology)
-        sig = ledger.signature()
-        key = (shape.id, sig, request.shape, _odd_used(shape, ledger))
+        group = self.group_key(topology, ledger)
+        key = (group, request.shape)
         score = self._scores.get(key)
         if score is not None:
             return score
-        decided = self._decide(shape, ledger, request, sig)
+        shape = self.shape(topology)
+        decided = self._decide(shape, group, ledger, request)
         if isinstance(decided, Infeasible):
             score = 0
         else:
-            ideal = self._decide(shape, None, request)
+            ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request)
             same = not isinstance(ideal, Infeasible) and decided.key[:5] == ideal.key[:5]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
             if worst <= Distance.PIX:
@@ -87,9 +110,8 @@ class Allocator:
                 tier = 3 if same else 2
             else:
                 tier = 1
-            in_use = any(sig)
-            bit = in_use if self.packing == "binpack" else not in_use
-            score = 2 * tier - 1 + int(bit)
+            low, levels = _BANDS[tier]
+            score = low + _packing(self.packing, levels, shape, group[1], request)
         if len(self._scores) >= _MEMO_LIMIT:
             self._scores.clear()
         self._scores[key] = score
@@ -98,34 +120,48 @@ class Allocator:
     def choose(self, topology: NodeTopology, ledger: Ledger | None,
                request: Request) -> Choice | Infeasible:
         """The abstract decision (memoised): for tests, benchmarks and curious callers."""
-        decided = self._decide(self.shape(topology), ledger, request)
+        shape = self.shape(topology)
+        decided = self._decide(shape, self.group_key(topology, ledger), ledger, request)
         return _named(decided, topology) if isinstance(decided, Infeasible) else decided
 
     def shape(self, topology: NodeTopology) -> NodeShape:
-        """The search view of a topology, built once per topology object."""
+        """The search view of a topology: built once per shape, then shared by every
+        topology object of that shape (only device names are per node)."""
         shape = self._shapes.get(id(topology))
-        if shape is None or shape.topology is not topology:
-            if len(self._shapes) >= _SHAPE_LIMIT:
-                self._shapes.clear()
+        if shape is not None and shape.topology is topology:
+            return shape
+        parts = (topology.gpus, topology.nics, topology.numa_nodes, topology.distance)
+        ids = tuple(map(id, parts))
+        seen = self._by_parts.get(ids)
+        if seen is not None and all(map(operator.is_, seen[0], parts)):
+            known: NodeShape | None = seen[1]
+        else:
+            known = self._by_key.get(topology.shape_key)
+        if known is None:
             shape = build_shape(topology, self._caches, self._shape_ids)
-            self._shapes[id(topology)] = shape
+            if len(self._by_key) >= _SHAPE_LIMIT:
+                self._by_key.clear()
+            self._by_key[shape.key] = shape
+        else:
+            shape = same_shape(known, topology)
+        if seen is None:
+            if len(self._by_parts) >= _SHAPE_LIMIT:
+                self._by_parts.clear()
+            self._by_parts[ids] = (parts, shape)  # holds the parts: their ids stay theirs
+        if len(self._shapes) >= _SHAPE_LIMIT:
+            self._shapes.clear()
+        self._shapes[id(topology)] = shape
         return shape
 
     # ------------------------------------------------------------------ memo
 
-    def _decide(self, shape: NodeShape, ledger: Ledger | None, request: Request,
-                sig: tuple | None = None) -> Choice | Infeasible:
-        if ledger is None:
-            sig, odd = _EMPTY_SIGNATURE, ()
-        else:
-            if sig is None:
-                sig = ledger.signature()
-            odd = _odd_used(shape, ledger)
-        key = (shape.id, sig, request.shape, odd)
+    def _decide(self, shape: NodeShape, group: tuple, ledger: Ledger | None,
+                request: Request) -> Choice | Infeasible:
+        key = (group, request.shape)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        free = empty_state(shape) if ledger is None else free_state(shape, ledger, sig)
+        free = empty_state(shape) if ledger is None else free_state(shape, ledger, group[1])
         found = search(shape, free, request)
         if found is None:
             empty = free if ledger is None else empty_state(shape)
@@ -138,6 +174,34 @@ class Allocator:
             self._memo.clear()
         self._memo[key] = hit
         return hit
+
+
+# Score band per tier: (lowest score, number of packing levels). Tiers never overlap, so
+# packing never outranks a better tier; the common tiers (PIX, PXB) get the most levels.
+_BANDS = {5: (7, 4), 4: (5, 2), 3: (3, 2), 2: (2, 1), 1: (1, 1)}
+
+
+def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,
+             request: Request) -> int:
+    """0..levels−1, higher for the node the packing prefers.
+
+    binpack: an idle node is 0 (kept whole for big pods); a node in use climbs with the
+    share of its GPUs (VFs on a GPU-less node) held once the pod is placed, the top level
+    only for a pod that fills it. spread: the mirror image.
+    """
+    if levels == 1:
+        return 0
+    if any(signature):
+        total = len(shape.gpus)
+        if total:
+            used = len(signature[0]) + request.gpus
+        else:
+            total = sum(map(len, shape.vfs)) or 1
+            used = sum(c for _, c in signature[1]) + request.vfs
+        level = 1 + (levels - 2) * min(used, total) // total
+    else:
+        level = 0
+    return level if packing == "binpack" else levels - 1 - level
 
 
 def _named(result: Infeasible, topology: NodeTopology) -> Infeasible:

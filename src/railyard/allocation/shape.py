@@ -8,7 +8,7 @@ I/O; the caches here belong to the `Allocator` that built the shape.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.types import GpuRef, NicRef
@@ -82,18 +82,15 @@ class NodeShape:
         return len(self.numa_ids)
 
 
-def offer_key(topology: NodeTopology) -> tuple:
-    """What `shape_key` leaves out but the allocator depends on: which devices are offered."""
-    return tuple(
-        (n.pci_address, n.default_route, port_usable(n),
-         tuple(vf_allocatable(v) for v in n.vfs))
-        for n in topology.nics
-    )
-
-
 def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
-                ids_by_key: dict[tuple, int]) -> NodeShape:
-    key = (topology.shape_key, offer_key(topology))
+                ids_by_key: dict[tuple, int], key: tuple | None = None) -> NodeShape:
+    """The search view of `topology` from scratch (about a millisecond on a DGX).
+
+    `shape_key` holds everything that decides what is offered (port state, default route,
+    VF driver and host visibility), so it alone identifies the shape.
+    """
+    if key is None:
+        key = topology.shape_key
     shape_id = ids_by_key.setdefault(key, len(ids_by_key))
     caches = caches_by_key.setdefault(key, ShapeCaches())
     gpus = tuple(sorted(topology.gpus, key=lambda g: g.pci_address))
@@ -112,11 +109,7 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         tuple(int(topology.distance[g.pci_address][n.pci_address]) for n in pfs) for g in gpus
     )
     port_ok = tuple(port_usable(n) for n in pfs)
-    vfs = tuple(
-        tuple(sorted((v for v in n.vfs if vf_allocatable(v)), key=lambda v: v.vf_index))
-        if ok else ()
-        for n, ok in zip(pfs, port_ok, strict=True)
-    )
+    vfs = _offered_vfs(pfs, port_ok)
     held = tuple(any(vf_held_in_pod(v) for v in n.vfs) for n in pfs)
     nonalloc = {
         v.pci_address: j for j, (n, ok) in enumerate(zip(pfs, port_ok, strict=True))
@@ -145,12 +138,45 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         memory=tuple(numa_by_id[i].memory_bytes for i in numa_ids),
         nonallocatable_vfs=nonalloc,
         caches=caches,
-        gpu_refs=tuple(GpuRef.of(g) for g in gpus),
-        vf_refs=tuple(tuple((v.pci_address, NicRef.of_vf(n, v)) for v in vs)
-                      for n, vs in zip(pfs, vfs, strict=True)),
-        pf_refs=tuple(NicRef.of_pf(n) for n in pfs),
+        **_refs(gpus, pfs, vfs),
         distances=tuple(tuple(Distance(d) for d in row) for row in dist),
     )
+
+
+def _offered_vfs(pfs: Sequence[Nic], port_ok: Sequence[bool]) -> tuple[tuple[Vf, ...], ...]:
+    return tuple(
+        tuple(sorted((v for v in n.vfs if vf_allocatable(v)), key=lambda v: v.vf_index))
+        if ok else ()
+        for n, ok in zip(pfs, port_ok, strict=True)
+    )
+
+
+def _refs(gpus: Sequence[Gpu], pfs: Sequence[Nic],
+          vfs: Sequence[Sequence[Vf]]) -> dict[str, tuple]:
+    """The record parts naming one node's own devices (UUIDs, netdevs, RDMA names)."""
+    return {
+        "gpu_refs": tuple(GpuRef.of(g) for g in gpus),
+        "vf_refs": tuple(tuple((v.pci_address, NicRef.of_vf(n, v)) for v in vs)
+                         for n, vs in zip(pfs, vfs, strict=True)),
+        "pf_refs": tuple(NicRef.of_pf(n) for n in pfs),
+    }
+
+
+def same_shape(known: NodeShape, topology: NodeTopology) -> NodeShape:
+    """`known`'s search view for another node of the same shape (equal `shape_key`).
+
+    Everything the search reads is shared; only what names devices is this node's own
+    (UUIDs, netdev and RDMA names are not in `shape_key`): tens of µs instead of a full
+    build, and nothing at all when the nodes share their device tuples (built from one
+    profile).
+    """
+    if topology.gpus is known.topology.gpus and topology.nics is known.topology.nics:
+        return replace(known, topology=topology)
+    gpus = tuple(sorted(topology.gpus, key=lambda g: g.pci_address))
+    pfs = tuple(sorted(topology.nics, key=lambda n: n.pci_address))
+    vfs = _offered_vfs(pfs, known.port_ok)
+    return replace(known, topology=topology, gpus=gpus, pfs=pfs, vfs=vfs,
+                   **_refs(gpus, pfs, vfs))
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,12 @@ call per distinct group. Changes (bind, release) take the node's lock.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import operator
 import re
 import threading
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,8 +22,7 @@ from typing import Any, Protocol
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
-from railyard.allocation.shape import offer_key, port_usable, vf_allocatable
-from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Pair
+from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
 
@@ -45,6 +43,10 @@ class NodeAllocator(Protocol):
 
     def node_score(self, topology: NodeTopology, ledger: Ledger, request: Request) -> int: ...
 
+    def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> Hashable:
+        """Equal keys ⇒ equal answers (the empty ledger: None); element 0 names the shape."""
+        ...
+
 
 @dataclass(slots=True)
 class FilterOutcome:
@@ -56,8 +58,8 @@ class FilterOutcome:
 
 
 class _Group:
-    """Identity of (hardware shape, free-state signature). Nodes hold a reference, so
-    grouping a name costs a hash of this object, not of the nested signature tuple.
+    """Identity of the allocator's `group_key` (shape, free state). Nodes hold a reference,
+    so grouping a name costs a hash of this object, not of the nested signature tuple.
 
     `answers` keeps the allocator's verdicts and scores for this group by request shape:
     the allocator memoises by the same key, but reaching its memo costs a signature
@@ -66,9 +68,8 @@ class _Group:
 
     __slots__ = ("__weakref__", "answers", "key", "shape")
 
-    def __init__(self, key: tuple) -> None:
+    def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.shape: int = key[0]
         self.answers: dict[tuple, _Verdict | int | None] = {}
 
 
@@ -107,13 +108,12 @@ _UNKNOWN: Any = _UnknownNode()
 
 
 class _Node:
-    __slots__ = ("ledger", "lock", "name", "odd_vfs", "shape", "topology")
+    __slots__ = ("empty", "ledger", "lock", "name", "topology")
 
-    def __init__(self, topology: NodeTopology, shape: int, odd_vfs: frozenset[str]) -> None:
+    def __init__(self, topology: NodeTopology, empty: _Group) -> None:
         self.topology = topology
         self.name = topology.node
-        self.shape = shape
-        self.odd_vfs = odd_vfs  # VFs never offered: their use is not in the signature
+        self.empty = empty  # the group of this node with nothing held
         self.ledger: _TrackedLedger | None = None  # created on first use: most start empty
         self.lock = threading.Lock()  # guards this node's ledger
 
@@ -141,33 +141,6 @@ class _TrackedLedger(Ledger):
         return alloc
 
 
-def _never_offered(t: NodeTopology) -> frozenset[str]:
-    """VFs the allocator never hands out; which of them are used is outside the ledger's
-    signature, so it joins the group key (as it joins the allocator's memo key)."""
-    return frozenset(v.pci_address for n in t.nics for v in n.vfs
-                     if not port_usable(n) or not vf_allocatable(v))
-
-
-def rebase(alloc: Allocation, t: NodeTopology) -> Allocation:
-    """The same allocation on another node of the same shape: devices found by PCI address
-    in `t`, so UUIDs, RDMA device and netdev names are that node's own."""
-    gpus = {g.pci_address: g for g in t.gpus}
-    pfs = {n.pci_address: n for n in t.nics}
-    vfs = {v.pci_address: (n, v) for n in t.nics for v in n.vfs}
-
-    def gpu(r: GpuRef) -> GpuRef:
-        return GpuRef.of(gpus[r.pci_address])
-
-    def nic(r: NicRef) -> NicRef:
-        return NicRef.of_pf(pfs[r.pci_address]) if r.kind == "pf" else NicRef.of_vf(
-            *vfs[r.pci_address])
-
-    return dataclasses.replace(
-        alloc, node=t.node, pairs=tuple(Pair(gpu(p.gpu), nic(p.nic), p.distance)
-                                        for p in alloc.pairs),
-        nics=tuple(nic(r) for r in alloc.nics), gpus=tuple(gpu(r) for r in alloc.gpus))
-
-
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -183,31 +156,21 @@ class ClusterState:
                  allocator: NodeAllocator | None = None) -> None:
         self.allocator = allocator if allocator is not None else Allocator()
         self._nodes: dict[str, _Node] = {}
-        shapes: dict[tuple, int] = {}
-        by_parts: dict[tuple[int, ...], tuple[int, frozenset[str]]] = {}
-        # One topology object per shape answers for all nodes of that shape: the allocator
-        # builds its search view once per topology object (milliseconds each).
-        self._canon: list[NodeTopology] = []
+        self._groups: weakref.WeakValueDictionary[Hashable, _Group] = (
+            weakref.WeakValueDictionary())
+        # The empty node of each shape answers for every idle node of that shape; its
+        # ledger is never changed. By empty group.
+        self._blank: dict[_Group, Ledger] = {}
         for t in topologies:
             if t.node in self._nodes:
                 raise ValueError(f"duplicate node {t.node!r}")
-            # Nodes built from one profile share their device tuples; skip the shape key.
-            parts = (id(t.numa_nodes), id(t.gpus), id(t.nics), id(t.distance))
-            known = by_parts.get(parts)
-            if known is None:
-                # The allocator's own notion of "same machine": hardware plus what is offered.
-                shape = shapes.setdefault((t.shape_key, offer_key(t)), len(shapes))
-                if shape == len(self._canon):
-                    self._canon.append(t)
-                known = by_parts[parts] = (shape, _never_offered(t))
-            self._nodes[t.node] = _Node(t, *known)
-        self._groups: weakref.WeakValueDictionary[tuple, _Group] = weakref.WeakValueDictionary()
-        self._blank = [Ledger(t) for t in self._canon]  # never changed: the empty node
-        self._empty = [self._intern((s, self._blank[s].signature(), ()))
-                       for s in range(len(shapes))]
+            empty = self._intern(self.allocator.group_key(t, None))
+            if empty not in self._blank:
+                self._blank[empty] = Ledger(t)
+            self._nodes[t.node] = _Node(t, empty)
         # Every node's current group, by name: filter maps names through this in C.
         self._group_of_name: dict[str, _Group] = {
-            name: self._empty[n.shape] for name, n in self._nodes.items()}
+            name: n.empty for name, n in self._nodes.items()}
         self._pods: dict[str, BoundPod] = {}
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
 
@@ -255,7 +218,7 @@ class ClusterState:
                     holders: Iterable[tuple[str, Allocation]] = ()) -> _TrackedLedger:
         return _TrackedLedger(node.topology, holders, lambda: self._regroup(node))
 
-    def _intern(self, key: tuple) -> _Group:
+    def _intern(self, key: Hashable) -> _Group:
         g = self._groups.get(key)
         if g is None:
             g = self._groups[key] = _Group(key)
@@ -267,8 +230,8 @@ class ClusterState:
         led = node.ledger
         if led is None:
             return
-        odd = tuple(sorted(node.odd_vfs & led.used_vfs)) if node.odd_vfs else ()
-        self._group_of_name[node.name] = self._intern((node.shape, led.signature(), odd))
+        self._group_of_name[node.name] = self._intern(
+            self.allocator.group_key(node.topology, led))
 
     def _grouped(self, names: list[str]) -> tuple[list[_Group | None], dict[_Group, str]]:
         """Each name's group (None: unknown node), and one member name per group."""
@@ -283,11 +246,10 @@ class ClusterState:
         hit = g.answers.get(key, _MISSING)
         if hit is not _MISSING:
             return hit
-        topology = self._canon[g.shape]
-        empty = self._empty[g.shape]
-        if g is empty:
-            return self._ask(g, self._blank[g.shape], topology, request, key)
         node = self._nodes[member]
+        topology, empty = node.topology, node.empty
+        if g is empty:
+            return self._ask(g, self._blank[empty], topology, request, key)
         with node.lock:
             ledger = node.ledger
             moved = ledger is None or self._group_of_name.get(member) is not g
@@ -384,17 +346,9 @@ class ClusterState:
                 return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to "
                                   f"{held.node!r}", unresolvable=True)
             ledger = self._ledger(n)
-            # Ask with the shape's one topology object (see _canon), then name this node's
-            # own devices: same shape means the same PCI addresses, distances and CPUs.
-            canon = self._canon[n.shape]
-            result = self.allocator.allocate(canon, ledger, request)
+            result = self.allocator.allocate(n.topology, ledger, request)
             if isinstance(result, Infeasible):
-                if canon is n.topology:
-                    return result
-                return Infeasible(_Verdict.of(result, canon.node).reason_for(node),
-                                  result.unresolvable)
-            if canon is not n.topology:
-                result = rebase(result, n.topology)
+                return result
             alloc = result.stamped("scheduler", decided_at or now_rfc3339())
             with self._pods_lock:
                 if uid in self._pods:  # the same UID raced onto another node
@@ -485,7 +439,7 @@ class ClusterState:
         def fits(removed: Iterable[str]) -> bool:
             gone = set(removed)
             ledger = Ledger(n.topology, [(h, a) for h, a in holders.items() if h not in gone])
-            return not isinstance(self.allocator.allocate(self._canon[n.shape], ledger, request),
+            return not isinstance(self.allocator.allocate(n.topology, ledger, request),
                                   Infeasible)
 
         def weight(uid: str) -> int:
