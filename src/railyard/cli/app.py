@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
-app = typer.Typer(
+try:  # typer 0.26+ carries its own copy of click; its exceptions are those
+    from typer._click import exceptions as click
+except ImportError:  # pragma: no cover - older typer on real click
+    from click import exceptions as click  # type: ignore[no-redef]
+
+
+class _Railyard(typer.Typer):
+    """Usage errors (unknown option, bad choice, missing argument) as one line and exit 2,
+    like every error a command reports itself (`fail`), instead of a framed help excerpt."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs["standalone_mode"] = False
+        kwargs.setdefault("prog_name", "railyard")  # also under `python -m railyard.cli.main`
+        try:
+            rv = super().__call__(*args, **kwargs)
+        except click.UsageError as e:
+            if type(e).__name__ == "NoArgsIsHelpError" and e.ctx is not None:
+                print(e.ctx.get_help())  # a bare `railyard` or `railyard cni`: say what exists
+                sys.exit(e.exit_code)
+            where = e.ctx.command_path if e.ctx is not None else self.info.name
+            print(f"{where}: error: {e.format_message()} (see {where} --help)", file=sys.stderr)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            print(f"railyard: error: {e.format_message()}", file=sys.stderr)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            print("railyard: aborted", file=sys.stderr)
+            sys.exit(1)
+        # Not standalone, click returns the exit code of typer.Exit, or a command's value.
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+app = _Railyard(
     name="railyard",
     help="Schedule RDMA NICs (SR-IOV VFs and PFs) jointly with GPUs, paired GPU i <-> NIC i.",
     no_args_is_help=True,
