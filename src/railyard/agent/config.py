@@ -13,6 +13,7 @@ Example (JSON or YAML):
       vf: [{vendors: ["15b3"], drivers: ["mlx5_core"], pfNames: ["ibp24s0#0-3", "ibp64s0"]}]
       pf: [{linkTypes: ["infiniband"]}]
     devinfoDir: /var/run/k8s.cni.cncf.io/devinfo/dp
+    cniDevinfoDir: /var/run/k8s.cni.cncf.io/devinfo/cni   # the in-process CNI service's
     healthIntervalS: 1
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 
 DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/dp"
+DEFAULT_CNI_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"  # Multus's folder for CNIs
 
 # sriov-dp link type names, and the sysfs link_layer values they stand for.
 _LINK_TYPES = {"ether": "Ethernet", "ethernet": "Ethernet", "eth": "Ethernet",
@@ -99,6 +101,7 @@ class AgentConfig:
     vf_pool: tuple[Selector, ...] = ()
     pf_pool: tuple[Selector, ...] = ()
     devinfo_dir: str = DEFAULT_DEVINFO_DIR
+    cni_devinfo_dir: str = DEFAULT_CNI_DEVINFO_DIR  # where --cni-socket's service writes them
     health_interval_s: float = 1.0
     verify_delay_s: float = 1.0  # PodResources check after an Allocate
 
@@ -182,7 +185,7 @@ def config_from_dict(d: Any) -> AgentConfig:
     if not isinstance(d, dict):
         raise ConfigError("config: expected an object at the top level")
     known = {"resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "devinfoDir",
-             "healthIntervalS", "verifyDelayS"}
+             "cniDevinfoDir", "healthIntervalS", "verifyDelayS"}
     unknown = sorted(set(d) - known)
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
@@ -211,6 +214,9 @@ def config_from_dict(d: Any) -> AgentConfig:
     devinfo = d.get("devinfoDir", DEFAULT_DEVINFO_DIR)
     if not isinstance(devinfo, str) or not devinfo:
         raise ConfigError("devinfoDir: expected a folder path")
+    cni_devinfo = d.get("cniDevinfoDir", DEFAULT_CNI_DEVINFO_DIR)
+    if not isinstance(cni_devinfo, str) or not cni_devinfo:
+        raise ConfigError("cniDevinfoDir: expected a folder path")
     return AgentConfig(
         resources=resources,
         gpu_plugin=_bool(d, "gpuPlugin", True),
@@ -219,6 +225,7 @@ def config_from_dict(d: Any) -> AgentConfig:
         vf_pool=pool("vf"),
         pf_pool=pool("pf"),
         devinfo_dir=devinfo,
+        cni_devinfo_dir=cni_devinfo,
         health_interval_s=_seconds(d, "healthIntervalS", 1.0),
         verify_delay_s=_seconds(d, "verifyDelayS", 1.0),
     )
