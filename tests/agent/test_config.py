@@ -76,6 +76,16 @@ def test_missing_file_is_a_config_error_naming_it(tmp_path):
         load_config(tmp_path / "nope.json")
 
 
+def test_unparseable_file_is_one_line_naming_file_and_place(tmp_path):
+    f = tmp_path / "agent.yaml"
+    f.write_text("{bad\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(f)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith(str(f)) and "line 2" in msg
+
+
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6),
     lambda c: st.lists(c, max_size=3) | st.dictionaries(

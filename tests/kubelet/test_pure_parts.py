@@ -226,3 +226,12 @@ def test_device_list_omits_unknown_numa_and_wakes_watchers_only_on_change():
         assert dl.version == 1
 
     asyncio.run(body())
+
+
+def test_grpc_unix_target_of_a_relative_socket_path_is_absolute(tmp_path, monkeypatch):
+    from railyard.kubelet.podresources import unix_target
+
+    monkeypatch.chdir(tmp_path)
+    # `unix://kd/x.sock` names authority "kd"; a relative --kubelet-dir failed to bind.
+    assert unix_target("kd/x.sock") == f"unix://{tmp_path}/kd/x.sock"
+    assert unix_target("/abs/x.sock") == "unix:///abs/x.sock"

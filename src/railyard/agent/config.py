@@ -248,7 +248,11 @@ def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: neither JSON nor YAML: {e}") from None
+            # PyYAML's message spans lines with a source excerpt; keep its problem and place.
+            mark = getattr(e, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{path}: neither JSON nor YAML: {problem}{where}") from None
     try:
         return config_from_dict(data)
     except ConfigError as e:

@@ -32,7 +32,7 @@ class _Railyard(typer.Typer):
         except click.ClickException as e:
             print(f"railyard: error: {e.format_message()}", file=sys.stderr)
             sys.exit(e.exit_code)
-        except click.Abort:
+        except typer.Abort:
             print("railyard: aborted", file=sys.stderr)
             sys.exit(1)
         # Not standalone, click returns the exit code of typer.Exit, or a command's value.

@@ -74,9 +74,10 @@ class KubeletPodResources:
         import grpc  # only when a kubelet is there to ask
 
         from railyard.kubelet.api import podresources_pb2, podresources_pb2_grpc
+        from railyard.kubelet.podresources import unix_target
 
         try:
-            with grpc.insecure_channel(f"unix://{self.socket_path}") as channel:
+            with grpc.insecure_channel(unix_target(self.socket_path)) as channel:
                 stub = podresources_pb2_grpc.PodResourcesListerStub(channel)
                 resp = stub.List(podresources_pb2.ListPodResourcesRequest(),
                                  timeout=self.timeout_s)

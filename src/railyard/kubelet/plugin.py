@@ -24,6 +24,7 @@ from railyard.kubelet.api import deviceplugin_pb2_grpc as pb_grpc
 from railyard.kubelet.api import pluginregistration_pb2 as reg_pb
 from railyard.kubelet.api import pluginregistration_pb2_grpc as reg_grpc
 from railyard.kubelet.inventory import HEALTHY, UNHEALTHY, PluginDevice
+from railyard.kubelet.podresources import unix_target
 from railyard.kubelet.response import ContainerGrant
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ class PluginEndpoint:
             old, self._server = self._server, None
             await old.stop(0)
         os.makedirs(self.folder, exist_ok=True)
-        if len(self.socket_path.encode()) > MAX_SOCKET_PATH:
+        if len(os.path.abspath(self.socket_path).encode()) > MAX_SOCKET_PATH:
             raise PluginError(f"{self.socket_path}: a unix socket path may have at most "
                               f"{MAX_SOCKET_PATH} bytes; use a shorter --kubelet-dir")
         server = grpc.aio.server()
@@ -248,7 +249,11 @@ class PluginEndpoint:
         if self.watcher_mode:
             self._registration = WatcherRegistration(self.resource, self.socket_path)
             reg_grpc.add_RegistrationServicer_to_server(self._registration, server)
-        server.add_insecure_port("unix://" + self.socket_path)
+        try:
+            server.add_insecure_port(unix_target(self.socket_path))
+        except RuntimeError as e:  # gRPC says only "failed to bind"
+            raise PluginError(f"{self.socket_path}: cannot serve a unix socket there "
+                              f"({e})") from None
         await server.start()
         self._server = server
         log.info("%s: serving on %s", self.resource, self.socket_path)
@@ -256,7 +261,7 @@ class PluginEndpoint:
     async def _register(self) -> bool:
         """Register with kubelet.sock; False when kubelet is not there (yet)."""
         try:
-            async with grpc.aio.insecure_channel("unix://" + self.paths.kubelet_socket) as ch:
+            async with grpc.aio.insecure_channel(unix_target(self.paths.kubelet_socket)) as ch:
                 await pb_grpc.RegistrationStub(ch).Register(
                     pb.RegisterRequest(
                         version=API_VERSION,

@@ -7,6 +7,7 @@ UNIMPLEMENTED.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import grpc
@@ -15,6 +16,12 @@ from railyard.kubelet.api import podresources_pb2 as pb
 from railyard.kubelet.api import podresources_pb2_grpc as pb_grpc
 
 TIMEOUT_S = 5.0
+
+
+def unix_target(path: str) -> str:
+    """gRPC's address of a unix socket. The path is made absolute: in `unix://kd/x.sock` gRPC
+    would read `kd` as an authority, and a relative --kubelet-dir failed to bind."""
+    return "unix://" + os.path.abspath(path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +54,7 @@ class PodResourcesClient:
         self._get_unimplemented = False
 
     async def list(self) -> list[AssignedPod]:
-        async with grpc.aio.insecure_channel("unix://" + self.socket_path) as ch:
+        async with grpc.aio.insecure_channel(unix_target(self.socket_path)) as ch:
             resp = await pb_grpc.PodResourcesListerStub(ch).List(
                 pb.ListPodResourcesRequest(), timeout=TIMEOUT_S)
         return [_assigned(p) for p in resp.pod_resources]
@@ -56,7 +63,7 @@ class PodResourcesClient:
         """One pod's assignment; None when kubelet does not know the pod."""
         if not self._get_unimplemented:
             try:
-                async with grpc.aio.insecure_channel("unix://" + self.socket_path) as ch:
+                async with grpc.aio.insecure_channel(unix_target(self.socket_path)) as ch:
                     resp = await pb_grpc.PodResourcesListerStub(ch).Get(
                         pb.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace),
                         timeout=TIMEOUT_S)
