@@ -36,7 +36,9 @@ def agent(
     cni_socket: Annotated[str | None, typer.Option(
         "--cni-socket", metavar="PATH",
         help="Also serve the CNI service on this unix socket, in this process.")] = None,
-    log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
+    log_level: Annotated[str, typer.Option(
+        "--log-level", metavar="LEVEL",
+        help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Serve RDMA VFs, PFs and GPUs to kubelet, steered to the recorded pairing."""
     import asyncio

@@ -27,10 +27,12 @@ def serve(
         "--host-netns", metavar="PATH",
         help="Namespace devices come from and return to; default: this process's.")] = None,
     devinfo_dir: Annotated[str | None, typer.Option(
-        "--devinfo-dir", metavar="DIR", help="Multus device-info folder.")] = None,
+        "--devinfo-dir", metavar="DIR",
+        help="Multus device-info folder; default: /var/run/k8s.cni.cncf.io/devinfo/cni.")] = None,
     pod_resources: Annotated[str | None, typer.Option(
         "--pod-resources", metavar="PATH",
-        help="kubelet's PodResources socket; '' to not ask kubelet.")] = None,
+        help="kubelet's PodResources socket, to confirm grants; '' to not ask kubelet; "
+             "default: /var/lib/kubelet/pod-resources/kubelet.sock.")] = None,
 ) -> None:
     """Serve CNI calls from the railyard-cni shim until interrupted."""
     import logging
