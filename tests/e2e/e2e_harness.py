@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,9 @@ class Cluster:
     namespaces: list[str] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)
     exit_codes: dict[str, int | None] = field(default_factory=dict)  # set at teardown
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    agent_log: Path | None = None
+    start_agent: Callable[[], subprocess.Popen] | None = None
 
     # ------------------------------------------------------------------ scheduler
 
@@ -160,6 +163,19 @@ class Cluster:
                 await client.close()
         return out
 
+    # ------------------------------------------------------------------ agent
+
+    async def restart_agent(self) -> int | None:
+        """SIGTERM the agent and start it again over the same state folder; wait until kubelet
+        and the CNI socket see the new one. Returns the old agent's exit status."""
+        assert self.start_agent is not None and self.agent_log is not None
+        code = await asyncio.to_thread(_stop, self.procs["agent"])
+        count = sum(r.resource == VF for r in self.kubelet.registrations) + 1
+        self.procs["agent"] = self.start_agent()
+        await _agent_ready(self.kubelet, self.procs["agent"], self.cni_socket, self.agent_log,
+                           count)
+        return code
+
     # ------------------------------------------------------------------ CNI
 
     def pod_netns(self) -> str:
@@ -197,6 +213,22 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"scheduler did not answer within {START_TIMEOUT_S} s")
+
+
+async def _agent_ready(kubelet: FakeKubelet, proc: subprocess.Popen, cni_socket: str,
+                       log: Path, registrations: int = 1) -> None:
+    """Every plugin registered with the fake kubelet, and the CNI socket served."""
+    for resource in (GPU, VF, PF):
+        try:
+            await kubelet.wait_registered(resource, count=registrations,
+                                          timeout_s=START_TIMEOUT_S)
+        except TimeoutError:
+            raise AssertionError(f"{resource} not registered: {log.read_text()}") from None
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not os.path.exists(cni_socket):
+        assert proc.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "the agent's CNI socket did not appear"
+        await asyncio.sleep(0.02)
 
 
 def _stop(proc: subprocess.Popen | None) -> int | None:
@@ -254,26 +286,28 @@ async def cluster() -> AsyncIterator[Cluster]:
                                       "verifyDelayS": 0.05}))
         cni_socket = str(root / "cni.sock")
         logs["agent"] = root / "agent.log"
-        procs["agent"] = subprocess.Popen(
-            ["ip", "netns", "exec", host, *railyard_argv(
-                "agent", "--node-name", NODE, "--pods-file", str(pods_file),
-                "--sysfs-root", str(tree), "--kubelet-dir", str(kubelet_dir),
-                "--state-dir", str(root / "state"), "--config", str(config),
-                "--cni-socket", cni_socket, "--log-level", "info")],
-            env=_env(), stdout=subprocess.DEVNULL, stderr=logs["agent"].open("w"))
+
+        def start_agent() -> subprocess.Popen:
+            # Inside the host namespace: the in-process CNI service moves links out of the
+            # namespace it runs in. Unix sockets are paths, so the fake kubelet still meets it.
+            with logs["agent"].open("a") as log:
+                return subprocess.Popen(
+                    ["ip", "netns", "exec", host, *railyard_argv(
+                        "agent", "--node-name", NODE, "--pods-file", str(pods_file),
+                        "--sysfs-root", str(tree), "--kubelet-dir", str(kubelet_dir),
+                        "--state-dir", str(root / "state"), "--config", str(config),
+                        "--cni-socket", cni_socket, "--log-level", "info")],
+                    env=_env(), stdout=subprocess.DEVNULL, stderr=log)
+
+        procs["agent"] = start_agent()
         shim = installed_shim(root / "bin")
 
         url = f"http://127.0.0.1:{port}"
         await asyncio.to_thread(_wait_http, url, procs["scheduler"], logs["scheduler"])
-        for resource in (GPU, VF, PF):
-            await kubelet.wait_registered(resource, timeout_s=START_TIMEOUT_S)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not os.path.exists(cni_socket):
-            assert procs["agent"].poll() is None, logs["agent"].read_text()
-            assert time.monotonic() < deadline, "the agent's CNI socket did not appear"
-            await asyncio.sleep(0.02)
+        await _agent_ready(kubelet, procs["agent"], cni_socket, logs["agent"])
         c = Cluster(root, tree, topology, host, url, state_file, pods_file, root / "state",
                     cni_socket, shim, kubelet, podres, namespaces)
+        c.procs, c.agent_log, c.start_agent = procs, logs["agent"], start_agent
         yield c
     finally:
         codes = {name: _stop(p) for name, p in procs.items()}

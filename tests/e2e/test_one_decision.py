@@ -122,6 +122,13 @@ async def test_the_schedulers_decision_is_honoured_by_every_component_after_it()
                                    held=set(gpus(decision_a)) | set(vfs(decision_a)))
         assert_node_honours(c, pod_b, decision_b, admitted_b)
 
+        # -------------------------------------------------------------- agent restart
+        # The node's record survives it, and the check at start against PodResources agrees
+        # with it, so nothing is rewritten as node-decided.
+        assert await c.restart_agent() == 0
+        for p, d in ((pod_a, decision_a), (pod_b, decision_b)):
+            assert StateStore(c.agent_state).get(p["metadata"]["uid"]).allocation == d
+
         # -------------------------------------------------------------- CNI ADD
         cni_a = cni_pod(c, pod_a)
         per_pair_ipam = {"interfaces": [
@@ -183,5 +190,9 @@ async def test_the_schedulers_decision_is_honoured_by_every_component_after_it()
         leases = c.root / "ipam" / "rdma"
         assert not [f for f in os.listdir(leases) if f[0].isdigit()]  # B's leases released
         assert os.listdir(devinfo) == []
+        # And after all of it (the restarted agent's PodResources check long done), the node
+        # still holds the scheduler's decision, not one of its own.
+        for p, d in ((pod_a, decision_a), (pod_b, decision_b)):
+            assert StateStore(c.agent_state).get(p["metadata"]["uid"]).allocation == d
     assert c.exit_codes == {"scheduler": 0, "agent": 0}  # both stopped cleanly on SIGTERM
     assert time.monotonic() - t0 < 20
