@@ -136,3 +136,23 @@ def test_same_uid_and_resource_version_reuses_the_parsed_request():
     assert pod_facts(changed, {"u1": first}.get).request.gpus == 4
     del changed["metadata"]["resourceVersion"]  # no version: always parsed
     assert pod_facts(changed, {"u1": first}.get).request.gpus == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(gpus=st.integers(0, 8), vfs=st.integers(0, 8),
+       numa=st.sampled_from([None, "single", "preferred", "none"]))
+def test_cached_requests_equal_parsing_each_pod_afresh(gpus, vfs, numa):
+    from railyard.allocation.request import request_from_pod
+
+    hints = None if numa is None else {"numa": numa}
+    for uid in ("a", "b"):  # the second pod of the same shape comes from the cache
+        p = pod(uid, gpus, vfs, hints=hints)
+        assert pod_facts(p).request == request_from_pod(p)
+
+
+def test_a_bad_pod_is_reported_every_time_not_cached():
+    bad = pod("x", 1, 1)
+    bad["spec"]["containers"][0]["resources"]["limits"]["railyard.dev/vf"] = "lots"
+    for _ in range(2):
+        with pytest.raises(WireError, match=r"railyard\.dev/vf"):
+            pod_facts(bad)

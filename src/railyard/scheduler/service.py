@@ -174,7 +174,7 @@ class Extender:
                 return web.Response(status=400, text=str(e))
             self.pods.put(facts)
             scores = self.state.scores(facts.request, names)
-            return _json([HostPriority(n, s) for n, s in scores.items()])
+            return _json(list(map(HostPriority, scores.keys(), scores.values())))
         finally:
             self.metrics.latency["prioritize"].observe(time.perf_counter() - t0)
 

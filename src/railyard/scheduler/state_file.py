@@ -74,6 +74,14 @@ def read_state(path: Path) -> list[BoundPod]:
     return list(live.values())
 
 
+def _apply(live: dict[str, bytes], ops: list[tuple[str, str, bytes]]) -> None:
+    for op, uid, line in ops:
+        if op == "bind":
+            live[uid] = line
+        else:
+            live.pop(uid, None)
+
+
 class StateFile:
     """The journal, open for appending. Implements `ClusterWriter.bind` for the service."""
 
@@ -136,13 +144,9 @@ class StateFile:
 
     def _append(self, ops: list[tuple[str, str, bytes]]) -> None:
         """Apply a batch of (op, uid, line) durably, then to the in-memory mirror."""
-        live = dict(self._live)
-        for op, uid, line in ops:
-            if op == "bind":
-                live[uid] = line
-            else:
-                live.pop(uid, None)
         if self._broken or self._fd is None:
+            live = dict(self._live)
+            _apply(live, ops)
             old, self._live = self._live, live
             try:
                 self._compact()
@@ -156,7 +160,7 @@ class StateFile:
         except OSError as e:
             self._broken = True
             raise StateFileError(f"{self.path}: cannot append: {e}") from None
-        self._live = live
+        _apply(self._live, ops)  # in place once durable: no copy of ~10,000 lines per bind
         self._lines += len(ops)
         if self._lines > max(_SLACK_LINES, 4 * len(self._live)):
             # The batch is durable already; a failed snapshot only means a longer journal
