@@ -116,9 +116,12 @@ class Node:
         return a, b
 
     def point(self, nic: NicRef, netdev: str) -> None:
-        """Make sysfs say `nic`'s netdev is `netdev` (as the kernel does for a bound VF)."""
-        (self.sysfs / "sys/bus/pci/devices" / nic.pci_address / "net" / netdev).mkdir(
-            parents=True, exist_ok=True)
+        """Make sysfs say `nic`'s netdev is `netdev`, and its RDMA device the recorded one
+        (as the kernel does for a bound VF)."""
+        function = self.sysfs / "sys/bus/pci/devices" / nic.pci_address
+        (function / "net" / netdev).mkdir(parents=True, exist_ok=True)
+        if nic.rdma_device:
+            (function / "infiniband" / nic.rdma_device).mkdir(parents=True, exist_ok=True)
 
     def vfs(self, count: int, first_pf: int = 0) -> list[NicRef]:
         """`count` VFs, each backed by one end of a fresh veth pair in the host netns."""

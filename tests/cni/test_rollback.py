@@ -3,6 +3,7 @@ RDMA devices follow their netdevs in exclusive mode (recording double: no RDMA h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -172,3 +173,26 @@ def test_exclusive_mode_failure_to_move_an_rdma_device_moves_nothing(node: Node,
     assert node.snapshot() == before
     assert rdma.where[nics[0].rdma_device] == host_id
     assert links(pod.netns) == {}
+
+
+def test_exclusive_mode_never_moves_an_rdma_device_named_only_by_the_record(
+        node: Node, shim, exclusive):
+    """A record (seeded from a pod's own annotation) naming another function's RDMA device
+    must not bring that device into the pod: sysfs, not the record, names it."""
+    rdma, sock = exclusive
+    mine, victim = node.vfs(2)
+    with Netns.open(node.host_path) as host:
+        rdma.place(mine.rdma_device, host)
+        rdma.place(victim.rdma_device, host)
+        host_id = host.identity()
+    # Say `mine` has no RDMA device of its own (an Ethernet-only VF, or its driver unbound).
+    os.rmdir(node.sysfs / "sys/bus/pci/devices" / mine.pci_address / "infiniband" /
+             mine.rdma_device)
+    forged = dataclasses.replace(mine, rdma_device=victim.rdma_device)
+    pod = node.pod([forged])
+    c = {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni", "agentSocket": sock}
+    r = run_shim(shim, "ADD", c, container_id=pod.container_id, netns=pod.netns_path,
+                 args=pod.args())
+    assert r.code == 0, r.out
+    assert rdma.where[victim.rdma_device] == host_id
+    assert rdma.moves == []

@@ -306,7 +306,9 @@ class Plugin:
             raise CniError(Code.DEVICE_UNAVAILABLE,
                            f"netdev {link.name} belongs to {link.parent}, not to {pci}")
         ifc = conf.interface(i)
-        rdma_dev = devices.rdma_device_of(self.settings.sysfs_root, pci) or nic.rdma_device
+        # Only sysfs says which RDMA device is this function's: a name from the record (which
+        # a pod's own annotation can seed) could be another pod's device.
+        rdma_dev = devices.rdma_device_of(self.settings.sysfs_root, pci)
         return MovedDevice(
             pci=pci, kind=nic.kind, ifname=name, original_name=link.name,
             original_mac=link.mac, original_mtu=link.mtu, original_up=link.up, mac_set=ifc.mac,
