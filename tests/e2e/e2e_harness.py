@@ -245,7 +245,7 @@ def _stop(proc: subprocess.Popen | None) -> int | None:
 
 
 @contextlib.asynccontextmanager
-async def cluster() -> AsyncIterator[Cluster]:
+async def cluster(profile_name: str = "dgx-h100") -> AsyncIterator[Cluster]:
     root = Path(tempfile.mkdtemp(prefix="ry-e2e-"))
     namespaces: list[str] = []
     procs: dict[str, subprocess.Popen] = {}
@@ -254,8 +254,8 @@ async def cluster() -> AsyncIterator[Cluster]:
     podres: FakePodResources | None = None
     c: Cluster | None = None
     try:
-        tree = write_fixture(profile("dgx-h100"), root / "tree", vfs_per_pf=2, node=NODE)
-        topology = build_topology(profile("dgx-h100"), vfs_per_pf=2, node=NODE)
+        tree = write_fixture(profile(profile_name), root / "tree", vfs_per_pf=2, node=NODE)
+        topology = build_topology(profile(profile_name), vfs_per_pf=2, node=NODE)
         host = _make_host(topology)
         namespaces.append(host)
 

@@ -77,8 +77,9 @@ def assert_node_honours(c: Cluster, p: dict, decision: Allocation, admitted) -> 
         f"{c.topology.vf(pci)[1].rdma_device}:1" for pci in vfs(decision))
     assert envs["PCIDEVICE_RAILYARD_DEV_VF"] == ",".join(vfs(decision))
     pairs = json.loads(envs["RAILYARD_PAIRS"])
-    assert [(x["gpu"]["uuid"], x["nic"]["pciAddress"], x["distance"]) for x in pairs] == [
-        (q.gpu.device_id, q.nic.pci_address, q.distance.name) for q in decision.pairs]
+    assert [(x["gpu"]["uuid"], x["gpu"]["pciAddress"], x["nic"]["pciAddress"], x["distance"])
+            for x in pairs] == [(q.gpu.uuid, q.gpu.pci_address, q.nic.pci_address,
+                                 q.distance.name) for q in decision.pairs]
     record = StateStore(c.agent_state).get(p["metadata"]["uid"])
     assert record is not None
     assert record.allocation == decision  # decidedBy scheduler, decidedAt kept: not redone
@@ -88,10 +89,13 @@ def assert_node_honours(c: Cluster, p: dict, decision: Allocation, admitted) -> 
     assert [n.pci_address for n in record.granted_nics] == vfs(decision)
 
 
+# dgx-h100: a PF per GPU; hgx-h100-4nic: two GPUs per PF (the pairs must still spread over
+# PFs); mi300x: AMD GPUs, named by PCI address (no UUID).
+@pytest.mark.parametrize("hardware", ["dgx-h100", "hgx-h100-4nic", "mi300x"])
 @async_test
-async def test_the_schedulers_decision_is_honoured_by_every_component_after_it():
+async def test_the_schedulers_decision_is_honoured_by_every_component_after_it(hardware):
     t0 = time.monotonic()
-    async with cluster() as c:
+    async with cluster(hardware) as c:
         host_before = links(c.host)
         assert {netdev(c, v.pci_address) for n in c.topology.nics for v in n.vfs} <= set(
             host_before)
