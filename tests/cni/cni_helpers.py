@@ -19,6 +19,8 @@ from pathlib import Path
 from railyard.agent.state import PodKey, StateStore
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.cni.install import install_shim
+from railyard.cni.netns import Netns
+from railyard.cni.rdma import RdmaError
 from railyard.discovery.profiles import build_topology, profile
 from railyard.topology.model import Distance
 
@@ -192,3 +194,30 @@ def standalone_env(node: Node) -> dict[str, str]:
     """The runtime-side settings standalone mode reads from its environment."""
     return {"RAILYARD_CNI_SYSFS_ROOT": str(node.sysfs), "RAILYARD_CNI_HOST_NETNS": node.host_path,
             "RAILYARD_CNI_DEVINFO_DIR": str(node.devinfo), "RAILYARD_CNI_POD_RESOURCES": ""}
+
+
+class RecordingRdma:
+    """RDMA netlink double: one namespace holds each RDMA device, as in exclusive mode.
+
+    `moves` records (device, from, to, host links at that moment) so tests can check what
+    moved, in which order relative to the netdevs, and that it came back.
+    """
+
+    def __init__(self, mode: str = "shared", host_ns: str | None = None) -> None:
+        self._mode = mode
+        self.host_ns = host_ns
+        self.where: dict[str, tuple[int, int]] = {}
+        self.moves: list[tuple[str, str, str, set[str]]] = []
+
+    def mode(self) -> str:
+        return self._mode
+
+    def place(self, device: str, netns: Netns) -> None:
+        self.where[device] = netns.identity()
+
+    def move(self, device: str, source: Netns, target: Netns) -> None:
+        if self.where.get(device) != source.identity():
+            raise RdmaError(f"RDMA device {device} is not in {source.label}")
+        self.where[device] = target.identity()
+        host_links = set(links(self.host_ns)) if self.host_ns else set()
+        self.moves.append((device, source.label, target.label, host_links))

@@ -7,38 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import IS_ROOT, NOT_ROOT_REASON, Node, installed_shim, links
+from cni_helpers import IS_ROOT, NOT_ROOT_REASON, Node, RecordingRdma, installed_shim
 
-from railyard.cni.netns import Netns
-from railyard.cni.rdma import RdmaError
 from railyard.cni.service import RunningService, build_plugin, start
-
-
-class RecordingRdma:
-    """RDMA netlink double: one namespace holds each RDMA device, as in exclusive mode.
-
-    `moves` records (device, from, to, host links at that moment) so tests can check what
-    moved, in which order relative to the netdevs, and that it came back.
-    """
-
-    def __init__(self, mode: str = "shared", host_ns: str | None = None) -> None:
-        self._mode = mode
-        self.host_ns = host_ns
-        self.where: dict[str, tuple[int, int]] = {}
-        self.moves: list[tuple[str, str, str, set[str]]] = []
-
-    def mode(self) -> str:
-        return self._mode
-
-    def place(self, device: str, netns: Netns) -> None:
-        self.where[device] = netns.identity()
-
-    def move(self, device: str, source: Netns, target: Netns) -> None:
-        if self.where.get(device) != source.identity():
-            raise RdmaError(f"RDMA device {device} is not in {source.label}")
-        self.where[device] = target.identity()
-        host_links = set(links(self.host_ns)) if self.host_ns else set()
-        self.moves.append((device, source.label, target.label, host_links))
 
 
 @pytest.fixture

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import run_shim
-from conftest import RecordingRdma
+from cni_helpers import RecordingRdma, run_shim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

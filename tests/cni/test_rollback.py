@@ -9,8 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, links, run_shim, sh, standalone_env
-from conftest import RecordingRdma
+from cni_helpers import Node, RecordingRdma, links, run_shim, sh, standalone_env
 
 from railyard.cni.netns import Netns
 from railyard.cni.service import build_plugin, start
