@@ -27,7 +27,7 @@ from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, Pl
 from railyard.kubelet.podresources import PodResourcesClient
 from railyard.kubelet.pods import PodView
 from railyard.kubelet.resolver import Kind
-from railyard.kubelet.response import ContainerGrant
+from railyard.kubelet.response import ContainerGrant, devinfo_file_name
 from railyard.kubelet.watch import FolderWatch
 from railyard.topology.model import NodeTopology
 
@@ -289,9 +289,9 @@ class Agent:
             removed.append(r.uid)
             for n in r.allocation.all_nics:
                 resource = names.vf if n.kind == "vf" else names.pf
-                name = f"{resource.replace('/', '-')}-{n.pci_address}-device.json"
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(self.config.devinfo_dir, name))
+                    os.unlink(os.path.join(self.config.devinfo_dir,
+                                           devinfo_file_name(resource, n.pci_address)))
             log.info("forgot %s: the pod is gone", r.pod)
         return removed
 
