@@ -131,7 +131,8 @@ Baseline: a plain recursive `os.walk` of the same tree, measured in the same run
 - Per VF: {med * 1000 / max(n_vfs, 1):.0f} µs of the in-process median.
 - Whole process minus the CLI without discovery (medians): {_share(process_ms, cli_ms)} ms —
   discovery, the JSON document and its printing; the rest is the interpreter and the CLI's
-  imports and argument parsing (Typer, which imports pydantic when it parses arguments).
+  imports and argument parsing (Typer, pinned below 0.29, whose pydantic import cost ~0.2 s:
+  docs/decisions/0002).
 """
 
 
