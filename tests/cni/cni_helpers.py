@@ -27,7 +27,8 @@ from railyard.topology.model import Distance
 IS_ROOT = os.geteuid() == 0
 NOT_ROOT_REASON = "needs root: creates network namespaces and moves links between them"
 
-TOPOLOGY = build_topology(profile("dgx-h100"), vfs_per_pf=8, node="node-a")
+NODE = "node-a"  # the node every test's grants are for, and the one its plugin serves
+TOPOLOGY = build_topology(profile("dgx-h100"), vfs_per_pf=8, node=NODE)
 # Compute PFs with VFs, and each one's VFs: VF j of PF i is vf_refs()[i][j].
 _PFS = [n for n in TOPOLOGY.nics if n.vfs]
 
@@ -99,7 +100,7 @@ class Node:
         self.sysfs = self.root / "sysfs"
         self.state_dir = self.root / "state"
         self.devinfo = self.root / "devinfo"
-        self.store = StateStore(self.state_dir)
+        self.store = StateStore(self.state_dir, node=NODE)
 
     @property
     def host_path(self) -> str:
@@ -148,7 +149,7 @@ class Node:
         paired = min(len(nics), len(TOPOLOGY.gpus))
         pairs = tuple(Pair(GpuRef.of(g), n, Distance.PIX)
                       for g, n in zip(TOPOLOGY.gpus[:paired], nics[:paired], strict=True))
-        alloc = Allocation(node="node-a", numa_nodes=(0,), cpus=None, memory_bytes=(),
+        alloc = Allocation(node=NODE, numa_nodes=(0,), cpus=None, memory_bytes=(),
                            pairs=pairs, nics=tuple(nics[paired:]),
                            decided_at="2026-01-01T00:00:00Z")
         self.store.put(PodKey(pod.uid, pod.namespace, pod.name), alloc)
@@ -193,7 +194,8 @@ def installed_shim(folder: Path) -> Path:
 def standalone_env(node: Node) -> dict[str, str]:
     """The runtime-side settings standalone mode reads from its environment."""
     return {"RAILYARD_CNI_SYSFS_ROOT": str(node.sysfs), "RAILYARD_CNI_HOST_NETNS": node.host_path,
-            "RAILYARD_CNI_DEVINFO_DIR": str(node.devinfo), "RAILYARD_CNI_POD_RESOURCES": ""}
+            "RAILYARD_CNI_DEVINFO_DIR": str(node.devinfo), "RAILYARD_CNI_POD_RESOURCES": "",
+            "RAILYARD_CNI_NODE_NAME": NODE}
 
 
 class RecordingRdma:

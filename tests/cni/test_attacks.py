@@ -4,13 +4,16 @@ pod's VF into a pod."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import TOPOLOGY, Node, links, run_shim, standalone_env, vf_ref
+from cni_helpers import NODE, TOPOLOGY, Node, Pod, links, run_shim, standalone_env, vf_ref
 
 from railyard.agent.state import PodKey, StateStore
+from railyard.allocation.types import Allocation
 from railyard.cni.service import build_plugin, start
 
 pytestmark = pytest.mark.root
@@ -196,3 +199,143 @@ def test_records_name_only_granted_devices(node: Node, shim, conf, eth0):
     assert add(shim, pod, conf(deviceID=ETH0_PCI)).code == 0
     (rec,) = (node.state_dir / "cni" / "attachments").rglob("*.json")
     assert [d["pci"] for d in json.loads(rec.read_text())["devices"]] == [nic.pci_address]
+
+
+# ---------------------------------------------------------------- pod identity and node
+
+
+@contextlib.contextmanager
+def served(node: Node, tmp_path: Path, **build) -> Iterator[dict]:
+    """A service of this test's own (build_plugin keywords in `build`); yields its config."""
+    extra = {"pod_devices": build.pop("pod_devices")} if "pod_devices" in build else {}
+    plugin = build_plugin(str(node.state_dir), sysfs_root=str(node.sysfs),
+                          host_netns=node.host_path, device_info_dir=str(node.devinfo),
+                          pod_resources_socket=None, store=node.store, **build)
+    for k, v in extra.items():
+        setattr(plugin, k, v)
+    running = start(plugin, str(tmp_path / "own.sock"))
+    try:
+        yield {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni",
+               "agentSocket": running.socket_path}
+    finally:
+        running.stop()
+
+
+def uid_only(pod: Pod) -> str:
+    return f"IgnoreUnknown=1;K8S_POD_INFRA_CONTAINER_ID={pod.container_id};K8S_POD_UID={pod.uid}"
+
+
+def name_only(pod: Pod) -> str:
+    return f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod.namespace};K8S_POD_NAME={pod.name}"
+
+
+@pytest.mark.parametrize("answer, ok", [("granted", True), ("other", False)])
+def test_a_call_naming_the_pod_only_by_uid_is_confirmed_with_kubelet_all_the_same(
+        node: Node, shim, tmp_path, answer, ok):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    ids = {"granted": frozenset({nic.pci_address}),
+           "other": frozenset({vf_ref(5, 5).pci_address})}[answer]
+    kubelet = _Kubelet(ids)
+    with served(node, tmp_path, pod_devices=kubelet) as c:
+        r = add(shim, pod, c, args=uid_only(pod))
+    # kubelet is asked about the pod the record names for that UID
+    assert kubelet.asked == [(pod.namespace, pod.name)]
+    if ok:
+        assert r.code == 0 and set(links(pod.netns)) == {"net1"}
+    else:
+        assert r.error == 101 and nic.pci_address in r.out["msg"]
+        assert links(pod.netns) == {}
+
+
+def test_uid_and_a_name_that_disagree_with_the_record_move_nothing(node: Node, shim, conf):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    before = node.snapshot()
+    r = add(shim, pod, conf(), args=f"K8S_POD_UID={pod.uid};K8S_POD_NAME=someone-else;"
+                                    f"K8S_POD_NAMESPACE={pod.namespace}")
+    assert r.error == 4 and "someone-else" in r.out["msg"]
+    assert node.snapshot() == before and links(pod.netns) == {}
+
+
+def test_a_name_only_call_never_guesses_between_a_deleted_pods_record_and_the_new_one(
+        node: Node, shim, conf):
+    stale_nic, new_nic = node.vfs(2)
+    old = node.pod([stale_nic], name="trainer-0")
+    new = node.pod([new_nic], name="trainer-0")
+    assert (old.namespace, old.name) == (new.namespace, new.name)
+    before = node.snapshot()
+    r = add(shim, new, conf(), args=name_only(new))
+    assert r.error == 11 and old.uid in r.out["msg"] and "K8S_POD_UID" in r.out["msg"]
+    assert node.snapshot() == before and links(new.netns) == {}
+    # With its UID the same pod gets its own VF.
+    assert add(shim, new, conf(), args=new.args()).code == 0
+    assert node.netdev_of(stale_nic) in node.snapshot()
+
+
+class _Pods:
+    """The agent's pod list, as `PodSource` offers it."""
+
+    def __init__(self, *uids: str, loaded: bool = True) -> None:
+        self.uids = uids
+        self.loaded = loaded
+
+    def pods(self):
+        return [type("PodView", (), {"uid": u})() for u in self.uids]
+
+
+def test_a_name_only_call_never_takes_the_record_of_a_pod_the_agent_knows_is_gone(
+        node: Node, shim, tmp_path):
+    (stale_nic,) = node.vfs(1)
+    old = node.pod([stale_nic], name="trainer-0")
+    new = node.pod([], name="trainer-0")  # same name, no Railyard NICs of its own
+    before = node.snapshot()
+    with served(node, tmp_path, pods=_Pods(new.uid)) as c:
+        r = add(shim, new, c, args=name_only(new))
+    assert r.code == 0 and r.out["interfaces"] == []
+    assert node.snapshot() == before and links(new.netns) == {}
+    assert old.uid  # its record stays for the agent to forget
+
+
+def test_a_name_only_call_takes_the_one_live_record_among_stale_ones(node: Node, shim,
+                                                                     tmp_path):
+    stale_nic, new_nic = node.vfs(2)
+    node.pod([stale_nic], name="trainer-0")
+    new = node.pod([new_nic], name="trainer-0")
+    with served(node, tmp_path, pods=_Pods(new.uid)) as c:
+        r = add(shim, new, c, args=name_only(new))
+    assert r.code == 0, r.out
+    assert r.out["interfaces"][0]["mac"] == links(new.netns)["net1"]["mac"]
+    assert node.netdev_of(stale_nic) in node.snapshot()
+    assert node.netdev_of(new_nic) not in node.snapshot()
+
+
+def copied_record(node: Node, pod: Pod, nic, other_node: str = "node-b") -> None:
+    """A record as another node's agent wrote it, copied into this node's state folder."""
+    StateStore(node.state_dir).put(
+        PodKey(pod.uid, pod.namespace, pod.name),
+        Allocation(node=other_node, numa_nodes=(0,), cpus=None, memory_bytes=(), nics=(nic,)))
+
+
+@pytest.mark.parametrize("by", ["uid", "name"])
+def test_records_for_another_node_grant_nothing_here(node: Node, shim, conf, by):
+    (nic,) = node.vfs(1)
+    pod = node.pod([])
+    copied_record(node, pod, nic)
+    before = node.snapshot()
+    r = add(shim, pod, conf(), args=pod.args() if by == "uid" else name_only(pod))
+    assert r.error == 101 and "node-b" in r.out["msg"] and NODE in r.out["msg"]
+    assert node.snapshot() == before and links(pod.netns) == {}
+
+
+def test_standalone_trusts_only_records_for_its_own_node_name(node: Node, shim):
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])  # granted on node-a
+    c = {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni", "standalone": True,
+         "stateDir": str(node.state_dir)}
+    before = node.snapshot()
+    r = add(shim, pod, c, extra_env={**standalone_env(node), "RAILYARD_CNI_NODE_NAME": "node-b"})
+    assert r.error == 101 and NODE in r.out["msg"]
+    assert node.snapshot() == before and links(pod.netns) == {}
+    r = add(shim, pod, c, extra_env=standalone_env(node))
+    assert r.code == 0 and set(links(pod.netns)) == {"net1"}

@@ -139,7 +139,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
     from railyard.agent.state import StateStore
     from railyard.cni.grants import StoreGrants
 
-    p = Plugin(str(root / "state"), StoreGrants(StateStore(root / "state")),
+    p = Plugin(str(root / "state"), StoreGrants(StateStore(root / "state"), "node-a"),
                RecordingRdma("shared"), settings=Settings(sysfs_root=str(root / "sysfs")))
     yield p
     p.close()

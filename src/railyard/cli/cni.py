@@ -33,9 +33,21 @@ def serve(
         "--pod-resources", metavar="PATH",
         help="kubelet's PodResources socket, to confirm grants; '' to not ask kubelet; "
              "default: /var/lib/kubelet/pod-resources/kubelet.sock.")] = None,
+    node_name: Annotated[str | None, typer.Option(
+        "--node-name", metavar="NAME",
+        help="The node whose records grant devices (the agent's --node-name); "
+             "default: the hostname.")] = None,
 ) -> None:
     """Serve CNI calls from the railyard-cni shim until interrupted."""
     import logging
+    import os
+
+    if not os.path.isdir(sysfs_root):
+        fail(f"--sysfs-root {sysfs_root}: no such folder")
+    socket_folder = os.path.dirname(os.path.abspath(socket_path))
+    if not os.path.isdir(os.path.dirname(socket_folder)):
+        fail(f"--socket {socket_path}: the folder above {socket_folder} does not exist "
+             "(only the socket's own folder is made)")
 
     from railyard.agent.state import StateError
     from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET
@@ -50,6 +62,7 @@ def serve(
             device_info_dir=devinfo_dir or DEFAULT_DEVICE_INFO_DIR,
             pod_resources_socket=(DEFAULT_POD_RESOURCES_SOCKET if pod_resources is None
                                   else pod_resources or None),
+            node=node_name or None,
             ready=lambda: print(f"railyard cni: serving on {socket_path}", flush=True),
         )
     except KeyboardInterrupt:

@@ -4,24 +4,45 @@ The only source of devices is what the device plugin recorded when kubelet gave 
 devices (`railyard.agent.state.StateStore`). Nothing in the network config or CNI_ARGS names a
 device; CNI_ARGS only says which pod is asking. Where kubelet's PodResources API answers, every
 granted NIC must also appear among the pod's device IDs there (VFs and PFs are advertised by PCI
-address), so a stale or forged store entry moves nothing.
+address), so a stale or forged store entry moves nothing. The pod kubelet is asked about is the
+one the record names, so a call naming the pod only by UID is confirmed like any other.
+
+A record is trusted only for the node this lookup serves: a state folder copied from another
+node names that node in every allocation and grants nothing here.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from railyard.agent.state import StateError, StateStore
+from railyard.agent.state import PodRecord, StateError, StateStore
 from railyard.allocation.types import NicRef
 from railyard.cni.spec import CniError, Code, PodArgs
 
 DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+NODE_NAME_ENV = "RAILYARD_CNI_NODE_NAME"
+
+
+def default_node_name() -> str:
+    """The node a lookup serves when nobody said: the hostname (kubelet's default node name)."""
+    return socket.gethostname()
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A pod's NICs on this node in pair order, and the pod as the node's record names it."""
+
+    pod: PodArgs
+    nics: tuple[NicRef, ...]
 
 
 class Grants(Protocol):
-    def granted_nics(self, pod: PodArgs) -> tuple[NicRef, ...]:
-        """The pod's NICs on this node in pair order; () when this node holds none for it."""
+    def grant(self, pod: PodArgs) -> Grant | None:
+        """What this node granted the asking pod; None when it holds nothing for it."""
         ...
 
 
@@ -31,18 +52,44 @@ class PodDevices(Protocol):
         ...
 
 
+class LivePods(Protocol):
+    """The agent's view of the node's pods (`railyard.agent.pods.PodSource` fits)."""
+
+    def pods(self) -> Sequence[object]:
+        """The pods known now; each has a `.uid`."""
+        ...
+
+    @property
+    def loaded(self) -> bool:
+        """True once a list was read; until then absence of a pod means nothing."""
+        ...
+
+
 class StoreGrants:
-    """Grants read from the agent's node state store."""
+    """Grants read from the agent's node state store, for one node.
 
-    def __init__(self, store: StateStore) -> None:
+    A call naming the pod by UID gets that UID's record; namespace/name given as well must
+    match it. A call naming it only by namespace/name gets the one record of this node with
+    that name whose pod is not known to be gone (`pods`, when the agent's pod list is at
+    hand); several such records (a deleted pod's not yet forgotten) are refused with code 11
+    rather than guessed between — pass K8S_POD_UID, or retry once the agent forgot the old one.
+    """
+
+    def __init__(self, store: StateStore, node: str | None = None, *,
+                 pods: LivePods | None = None) -> None:
         self.store = store
+        node = node or store.node
+        if not node:
+            raise ValueError("StoreGrants needs the node name its records must carry")
+        self.node = node
+        self.pods = pods
 
-    def granted_nics(self, pod: PodArgs) -> tuple[NicRef, ...]:
+    def grant(self, pod: PodArgs) -> Grant | None:
         try:
             if pod.uid:
                 rec = self.store.get(pod.uid)
             elif pod.namespace and pod.name:
-                rec = self.store.find(pod.namespace, pod.name)
+                rec = self._by_name(pod.namespace, pod.name)
             else:
                 raise CniError(Code.INVALID_ENV,
                                "CNI_ARGS: K8S_POD_UID, or K8S_POD_NAMESPACE and K8S_POD_NAME, "
@@ -50,14 +97,43 @@ class StoreGrants:
         except StateError as e:
             raise CniError(Code.IO, f"node state store: {e}") from None
         if rec is None:
-            return ()
+            return None
+        self._for_this_node(rec)
         # A UID that names another pod than the one asking is refused, not trusted.
         if (pod.namespace and pod.namespace != rec.pod.namespace) or (
                 pod.name and pod.name != rec.pod.name):
             raise CniError(Code.INVALID_ENV,
                            f"CNI_ARGS: pod {pod.namespace}/{pod.name} does not match the node's "
                            f"record for UID {rec.pod.uid} ({rec.pod.namespace}/{rec.pod.name})")
-        return rec.granted_nics
+        return Grant(PodArgs(uid=rec.pod.uid, namespace=rec.pod.namespace, name=rec.pod.name,
+                             infra_container_id=pod.infra_container_id), rec.granted_nics)
+
+    def granted_nics(self, pod: PodArgs) -> tuple[NicRef, ...]:
+        g = self.grant(pod)
+        return g.nics if g is not None else ()
+
+    def _for_this_node(self, rec: PodRecord) -> None:
+        if rec.allocation.node != self.node:
+            raise CniError(Code.NOT_CONFIRMED,
+                           f"the node state store's record for pod {rec.pod} is for node "
+                           f"{rec.allocation.node!r}, this is {self.node!r}; a state folder "
+                           "from another node grants nothing here", "nothing was moved")
+
+    def _by_name(self, namespace: str, name: str) -> PodRecord | None:
+        found = [r for r in self.store.all()
+                 if r.pod.namespace == namespace and r.pod.name == name]
+        for r in found:
+            self._for_this_node(r)
+        if found and self.pods is not None and self.pods.loaded:
+            live = {getattr(p, "uid", None) for p in self.pods.pods()}
+            found = [r for r in found if r.uid in live]  # a gone pod's record is never ours
+        if len(found) > 1:
+            raise CniError(Code.TRY_AGAIN,
+                           f"CNI_ARGS: {len(found)} records on this node name pod "
+                           f"{namespace}/{name} (UIDs {', '.join(r.uid for r in found)}); pass "
+                           "K8S_POD_UID to say which, or retry once the agent has forgotten the "
+                           "deleted pod's", "nothing was moved")
+        return found[0] if found else None
 
 
 class KubeletPodResources:
@@ -93,7 +169,11 @@ class KubeletPodResources:
 
 
 def confirm(nics: tuple[NicRef, ...], pod: PodArgs, source: PodDevices | None) -> None:
-    """Refuse when kubelet answers and does not list every granted NIC for this pod."""
+    """Refuse when kubelet answers and does not list every granted NIC for this pod.
+
+    `pod` is the pod as the node's record names it (`Grant.pod`), so a call that gave only
+    K8S_POD_UID is confirmed exactly like one that gave namespace and name.
+    """
     if source is None or not (pod.namespace and pod.name):
         return
     ids = source.device_ids(pod.namespace, pod.name)

@@ -23,7 +23,7 @@ from typing import Any
 from railyard.allocation.types import NicRef
 from railyard.cni import devices
 from railyard.cni.cache import AttachmentRecord, CniStore, InUse, MovedDevice
-from railyard.cni.grants import Grants, PodDevices, confirm
+from railyard.cni.grants import Grant, Grants, PodDevices, confirm
 from railyard.cni.ipam import Ipam, IpamCall
 from railyard.cni.netns import Link, LinkError, Links, Netns, NetnsError, netns_identity
 from railyard.cni.rdma import RdmaError, RdmaNetns
@@ -183,11 +183,12 @@ class Plugin:
         except NetnsError as e:
             raise CniError(Code.UNKNOWN_CONTAINER, f"CNI_NETNS: {e.strerror}") from None
         with pod_ns:
-            nics = self.grants.granted_nics(call.args)
-            if not nics:
+            grant = self.grants.grant(call.args)
+            if grant is None or not grant.nics:
                 # Not a pod with Railyard NICs: pass the chain's result through untouched.
                 return build_result(conf.version, conf.prev_result, [], [])
-            confirm(nics, call.args, self.pod_devices)
+            nics = grant.nics
+            confirm(nics, grant.pod, self.pod_devices)
             names = pair_ifnames(base, len(nics))
             taken = {i.get("name") for i in (conf.prev_result or {}).get("interfaces") or []
                      if isinstance(i, dict)}
@@ -200,7 +201,7 @@ class Plugin:
             if needs_ipam and not call.path:
                 raise CniError(Code.INVALID_ENV, "CNI_PATH is required to find IPAM plugins")
             with self.store.locked([n.pci_address for n in nics], self.settings.lock_timeout_s):
-                return self._add_locked(call, conf, pod_ns, nics, names)
+                return self._add_locked(call, conf, pod_ns, grant, names)
 
     def _base_ifname(self, call: Call, conf: NetConf) -> str:
         own = conf.raw.get("ifname")
@@ -213,16 +214,17 @@ class Plugin:
         except CniError as e:
             raise CniError(Code.INVALID_CONFIG, e.msg) from None
 
-    def _add_locked(self, call: Call, conf: NetConf, pod_ns: Netns,
-                    nics: tuple[NicRef, ...], names: tuple[str, ...]) -> dict:
+    def _add_locked(self, call: Call, conf: NetConf, pod_ns: Netns, grant: Grant,
+                    names: tuple[str, ...]) -> dict:
+        nics = grant.nics
         if self.store.load(conf.name, call.container_id, call.ifname) is not None:
             raise CniError(Code.ATTACHMENT_EXISTS,
                            f"attachment ({call.container_id}, {call.ifname}) of network "
                            f"{conf.name} already exists; DEL it first")
         rec = AttachmentRecord(
             network=conf.name, container_id=call.container_id, ifname=call.ifname,
-            netns=call.netns, netns_id=pod_ns.identity(), pod_uid=call.args.uid,
-            pod_namespace=call.args.namespace, pod_name=call.args.name,
+            netns=call.netns, netns_id=pod_ns.identity(), pod_uid=grant.pod.uid,
+            pod_namespace=grant.pod.namespace, pod_name=grant.pod.name,
             cni_args=call.args_text, cni_path=list(call.path),
             ipam_conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
         )
@@ -535,7 +537,8 @@ class Plugin:
     def _check(self, call: Call, conf: NetConf) -> None:
         rec = self.store.load(conf.name, call.container_id, call.ifname)
         if rec is None:
-            if self.grants.granted_nics(call.args):
+            grant = self.grants.grant(call.args)
+            if grant is not None and grant.nics:
                 raise CniError(Code.CHECK_FAILED,
                                f"no attachment ({call.container_id}, {call.ifname}) recorded")
             return None

@@ -10,6 +10,7 @@ cni serve` runs it alone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
@@ -19,7 +20,13 @@ import threading
 from collections.abc import Callable
 
 from railyard.agent.state import StateStore
-from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET, KubeletPodResources, StoreGrants
+from railyard.cni.grants import (
+    DEFAULT_POD_RESOURCES_SOCKET,
+    KubeletPodResources,
+    LivePods,
+    StoreGrants,
+    default_node_name,
+)
 from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin, Settings
 from railyard.cni.rdma import RdmaNetlink, RdmaNetns
 from railyard.cni.shim import (
@@ -44,10 +51,18 @@ def build_plugin(state_dir: str | os.PathLike[str], *, sysfs_root: str | os.Path
                  rdma: RdmaNetns | None = None,
                  pod_resources_socket: str | os.PathLike[str] | None =
                  DEFAULT_POD_RESOURCES_SOCKET,
-                 store: StateStore | None = None) -> Plugin:
-    """The plugin over the node state store in `state_dir` (the agent's `--state-dir`)."""
+                 store: StateStore | None = None, node: str | None = None,
+                 pods: LivePods | None = None) -> Plugin:
+    """The plugin over the node state store in `state_dir` (the agent's `--state-dir`).
+
+    Only records for `node` grant anything: default the store's own node (the agent builds
+    its store with `--node-name`), else the hostname. `pods` (the agent's pod list) keeps a
+    namespace/name lookup off records of pods known to be gone.
+    """
+    store = store or StateStore(state_dir)
     return Plugin(
-        os.fspath(state_dir), StoreGrants(store or StateStore(state_dir)),
+        os.fspath(state_dir),
+        StoreGrants(store, node or store.node or default_node_name(), pods=pods),
         rdma or RdmaNetlink(),
         settings=Settings(sysfs_root=os.path.abspath(sysfs_root), host_netns=host_netns,
                           device_info_dir=os.fspath(device_info_dir)),
@@ -90,7 +105,16 @@ class CniServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     def __init__(self, socket_path: str, plugin: Plugin) -> None:
         self.socket_path = socket_path
         self.plugin = plugin
-        os.makedirs(os.path.dirname(socket_path) or ".", mode=0o755, exist_ok=True)
+        folder = os.path.dirname(os.path.abspath(socket_path))
+        if not os.path.isdir(folder):
+            # The socket's own folder (/run/railyard) is made; nothing above it is: a typo in
+            # the path must not grow a tree of folders as root.
+            if not os.path.isdir(os.path.dirname(folder)):
+                raise FileNotFoundError(
+                    errno.ENOENT, f"socket {socket_path}: the folder above {folder} does not "
+                    "exist", os.path.dirname(folder))
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(folder, 0o755)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)  # a socket left by a previous run
         old = os.umask(0o177)

@@ -5,7 +5,8 @@ for tests and small installs. Node-side settings come from the plugin's environm
 the runtime's owner sets and a network-config author cannot:
 `RAILYARD_CNI_SYSFS_ROOT` (default /), `RAILYARD_CNI_HOST_NETNS` (default: our own netns),
 `RAILYARD_CNI_DEVINFO_DIR` (default Multus's), `RAILYARD_CNI_POD_RESOURCES` (kubelet's socket;
-empty: do not ask kubelet).
+empty: do not ask kubelet), `RAILYARD_CNI_NODE_NAME` (the node whose records are trusted;
+default the hostname, kubelet's own default node name).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from collections.abc import Mapping
 
 from railyard.agent.state import StateError
-from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET
+from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET, NODE_NAME_ENV, default_node_name
 from railyard.cni.netns import NetnsError
 from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin
 from railyard.cni.rdma import RdmaError
@@ -38,6 +39,7 @@ def plugin_from_env(state_dir: str, env: Mapping[str, str]) -> Plugin:
         device_info_dir=env.get("RAILYARD_CNI_DEVINFO_DIR") or DEFAULT_DEVICE_INFO_DIR,
         pod_resources_socket=env.get("RAILYARD_CNI_POD_RESOURCES",
                                      DEFAULT_POD_RESOURCES_SOCKET) or None,
+        node=env.get(NODE_NAME_ENV) or default_node_name(),
     )
 
 
