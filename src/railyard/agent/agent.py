@@ -159,8 +159,7 @@ class Agent:
         """Start the CNI service in-process on `--cni-socket`, over this agent's state store.
 
         Uses `railyard.cni.service.build_plugin(...)` + `start(plugin, socket_path)` (a
-        background thread, stopped with the agent); a module offering only
-        `serve(store, topology, socket_path)` is called that way instead.
+        background thread, stopped with the agent).
         """
         path = self.options.cni_socket
         if not path:
@@ -170,15 +169,12 @@ class Agent:
         except ImportError as e:
             log.warning("--cni-socket %s given but the CNI service is not available: %s", path, e)
             return
-        if hasattr(cni_service, "build_plugin") and hasattr(cni_service, "start"):
-            plugin = cni_service.build_plugin(
-                self.options.state_dir, sysfs_root=self.options.sysfs_root, store=self.store,
-                device_info_dir=self.config.cni_devinfo_dir,
-                pod_resources_socket=self.paths.pod_resources_socket)
-            self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
-        else:
-            result = cni_service.serve(self.store, self.topology, path)
-            self._cni = await result if inspect.isawaitable(result) else result
+        # The pod list lets a name-only CNI call skip records of pods known to be gone.
+        plugin = cni_service.build_plugin(
+            self.options.state_dir, sysfs_root=self.options.sysfs_root, store=self.store,
+            device_info_dir=self.config.cni_devinfo_dir,
+            pod_resources_socket=self.paths.pod_resources_socket, pods=self.pods)
+        self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
         log.info("CNI service on %s", path)
 
     # ------------------------------------------------------------------ registration
