@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 
 from railyard.agent.pods import PodSource
 from railyard.agent.state import Consumed, PodKey, PodRecord, StateStore
+from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.names import ResourceNames
 from railyard.allocation.request import Request
@@ -48,20 +49,11 @@ def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _load_allocator():
-    """The joint allocator, when it is installed (it is optional for the node's fallback)."""
-    try:
-        from railyard.allocation.allocator import Allocator
-    except ImportError:
-        return None
-    return Allocator()
-
-
 class Admission:
     def __init__(self, topology: NodeTopology, store: StateStore, pods: PodSource,
                  names: ResourceNames, *,
                  offered: Callable[[Kind], frozenset[str]] | None = None,
-                 allocator: object | None = None,
+                 allocator: Allocator | None = None,
                  clock: Callable[[], str] = utc_now,
                  on_allocated: AfterAllocate | None = None) -> None:
         self.topology = topology
@@ -71,7 +63,7 @@ class Admission:
         self.names = names
         self.index = DeviceIndex(topology)
         self._offered = offered
-        self.allocator = allocator if allocator is not None else _load_allocator()
+        self.allocator = allocator if allocator is not None else Allocator()
         self.clock = clock
         self.on_allocated = on_allocated
         # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
@@ -216,7 +208,7 @@ class Admission:
             except LedgerConflict as e:
                 log.warning("cannot hold unavailable devices for planning: %s", e)
         try:
-            result = self.allocator.allocate(self.topology, ledger, request)  # type: ignore[attr-defined]
+            result = self.allocator.allocate(self.topology, ledger, request)
         except Exception:
             log.exception("allocator failed; using the greedy node plan")
             return None
