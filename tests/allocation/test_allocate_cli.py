@@ -101,6 +101,7 @@ def test_bad_input_exits_2_naming_the_field(args: list[str], field: str):
     ('{"pods": [{"uid": "", "allocation": {}}]}', "used.pods[0].uid"),
     ('[{"version": 1, "node": "generic"}]', "used[0].decidedBy"),
     ("42", "--used"),
+    ('{"pods": [{"uid": "a", "allocation": {"version": ' + "1" * 5000 + "}}]}", "--used"),
 ])
 def test_bad_used_file_exits_2_naming_the_entry(tmp_path: Path, content: str, field: str):
     path = tmp_path / "used.json"

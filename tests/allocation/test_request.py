@@ -136,3 +136,28 @@ def test_cli_request_spec_round_trips_counts(gpus, vfs, pfs):
 def test_cli_request_spec_rejects_unknown_keys():
     with pytest.raises(RequestError, match="gpu"):
         parse_request_spec("gpu=2")
+
+
+@pytest.mark.parametrize("text", ["1e99999999", "1e-99999999", "0e99999999", "1" * 5000])
+def test_a_quantity_too_large_to_be_real_is_refused_at_once(text):
+    # Fraction("1e99999999") alone takes minutes; a filter call must not.
+    with pytest.raises(RequestError, match=r"nvidia\.com/gpu"):
+        parse_quantity(text, "nvidia.com/gpu")
+
+
+def test_a_device_count_beyond_kubernetes_int64_is_refused():
+    assert parse_quantity(str((1 << 63) - 1), "x") == (1 << 63) - 1
+    with pytest.raises(RequestError, match="too large"):
+        parse_quantity("10E", "x")  # 10 * 10**18 > 2**63 - 1
+
+
+def test_hints_holding_an_over_long_integer_are_a_request_error():
+    annotation = '{"numa": ' + "1" * 5000 + "}"
+    with pytest.raises(RequestError, match=r"railyard\.dev/request"):
+        request_from_pod(pod({"limits": {"nvidia.com/gpu": "1"}},
+                             annotations={REQUEST_ANNOTATION: annotation}))
+
+
+def test_cli_request_spec_refuses_a_key_given_twice():
+    with pytest.raises(RequestError, match="gpus: given twice"):
+        parse_request_spec("gpus=2,vfs=2,gpus=3")

@@ -103,3 +103,16 @@ def test_edited_annotation_is_rejected_naming_the_field(edit, field):
 def test_garbage_is_a_record_error_not_a_crash(text):
     with pytest.raises(RecordError):
         decode_allocation(text)
+
+
+@pytest.mark.parametrize("cpus", ["0-4000000000", "1" * 5000, "0,99999999"])
+def test_cpu_ids_beyond_any_kernel_are_refused_without_expanding_them(cpus):
+    doc = allocation_to_json(Allocation("n", (0,), "0", ()))
+    doc["cpus"] = cpus
+    with pytest.raises(RecordError, match=r"allocation\.cpus"):
+        decode_allocation(json.dumps(doc))
+
+
+def test_an_over_long_integer_is_a_record_error_not_a_crash():
+    with pytest.raises(RecordError, match="not valid JSON"):
+        decode_allocation('{"version": ' + "1" * 5000 + "}")

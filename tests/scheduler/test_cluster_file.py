@@ -172,3 +172,14 @@ def test_any_document_is_a_cluster_or_a_named_error(doc):
         cluster_from_json(doc)
     except ClusterFileError as e:
         assert str(e)
+
+
+@pytest.mark.parametrize("text", [
+    '{"nodes": [{"name": "a", "profile": "dgx-h100", "vfsPerPf": ' + "1" * 5000 + "}]}",
+    "nodes:\n- name: a\n  profile: dgx-h100\n  vfsPerPf: " + "1" * 5000 + "\n",
+])
+def test_an_over_long_integer_is_a_cluster_file_error_naming_the_path(tmp_path, text):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(text)
+    with pytest.raises(ClusterFileError, match=str(path)):
+        load_cluster(path)

@@ -82,6 +82,11 @@ def without_uid() -> dict:
     (pod("u") | {"spec": {"containers": []}}, "spec.containers: missing or empty"),
     (pod("u") | {"spec": {"containers": [{"resources": {"limits": {
         "railyard.dev/vf": "1.5"}}}]}}, "whole numbers"),
+    # Fraction("1e99999999") alone would hold the event loop for minutes.
+    (pod("u") | {"spec": {"containers": [{"resources": {"limits": {
+        "nvidia.com/gpu": "1e99999999"}}}]}}, "exponent out of range"),
+    (pod("u") | {"metadata": {"uid": "u", "name": "p", "annotations": {
+        "railyard.dev/request": '{"numa": ' + "1" * 5000 + "}"}}}, "not valid JSON"),
 ])
 def test_bad_pod_is_a_wire_error_naming_the_field(p, message):
     with pytest.raises(WireError, match=message):

@@ -129,3 +129,31 @@ def test_release_of_an_unknown_uid_writes_nothing(tmp_path):
     asyncio.run(sf.release("nobody"))
     sf.close()
     assert path.read_bytes() == before
+
+
+def test_an_over_long_integer_in_the_journal_is_a_state_file_error(tmp_path):
+    path = tmp_path / "state"
+    path.write_bytes(b'{"railyardSchedulerState":1}\n{"release": ' + b"1" * 5000 + b"}\n")
+    with pytest.raises(StateFileError, match=":2: not valid JSON"):
+        read_state(path)
+
+
+def test_an_unexpected_error_while_writing_fails_the_waiting_binds_instead_of_hanging(
+        tmp_path, monkeypatch):
+    sf, _ = StateFile.open(tmp_path / "state")
+    sf.compact()
+
+    def broken(ops):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(sf, "_append", broken)
+
+    async def go() -> None:
+        with pytest.raises(RuntimeError, match="disk on fire"):
+            await asyncio.wait_for(sf.bind(bound("a")), timeout=5)
+        monkeypatch.undo()
+        await asyncio.wait_for(sf.bind(bound("b")), timeout=5)  # the writer still works
+
+    asyncio.run(go())
+    assert [p.uid for p in read_state(tmp_path / "state")] == ["b"]
+    sf.close()

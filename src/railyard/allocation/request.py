@@ -77,21 +77,39 @@ _SUFFIX = {
     "P": 10**15, "E": 10**18, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
     "Pi": 1 << 50, "Ei": 1 << 60,
 }
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)([a-zA-Z]{0,2})$")
+_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+))?([a-zA-Z]{0,2})$")
+# Kubernetes keeps quantities in int64 (milli-units for CPU); anything larger is a typo or an
+# attack. Bounding the text and the exponent first matters: Fraction("1e99999999") builds
+# 10**99999999 and takes minutes, and a 5,000-digit number cannot even be converted.
+_MAX_QUANTITY = (1 << 63) - 1
+_MAX_QUANTITY_CHARS = 64
+_MAX_EXPONENT = 64
 
 
 def parse_quantity(text: Any, field: str) -> Fraction:
     """A Kubernetes resource quantity ("500m", "64Gi", "2", 4) as an exact fraction."""
     if isinstance(text, bool) or not isinstance(text, str | int | float):
         raise RequestError(field, f"expected a quantity string, got {type(text).__name__}")
+    if isinstance(text, int) and not -_MAX_QUANTITY <= text <= _MAX_QUANTITY:
+        raise RequestError(field, "too large for a Kubernetes quantity")
     s = str(text).strip()
-    m = _QUANTITY.match(s)
-    if not m or m.group(2) not in _SUFFIX:
-        raise RequestError(field, f"not a Kubernetes quantity: {text!r}")
-    value = Fraction(m.group(1)) * _SUFFIX[m.group(2)]
+    m = _QUANTITY.match(s) if len(s) <= _MAX_QUANTITY_CHARS else None
+    if not m or m.group(3) not in _SUFFIX:
+        raise RequestError(field, f"not a Kubernetes quantity: {_short(text)}")
+    exponent = int(m.group(2) or 0)
+    if abs(exponent) > _MAX_EXPONENT:
+        raise RequestError(field, f"exponent out of range: {_short(text)}")
+    value = Fraction(m.group(1)) * Fraction(10) ** exponent * _SUFFIX[m.group(3)]
     if value < 0:
         raise RequestError(field, f"must not be negative: {text!r}")
+    if value > _MAX_QUANTITY:
+        raise RequestError(field, f"too large for a Kubernetes quantity: {text!r}")
     return value
+
+
+def _short(text: Any) -> str:
+    r = repr(text)  # ints beyond int64 were refused above, so this cannot be a huge one
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _count(value: Fraction, field: str) -> int:
@@ -191,6 +209,8 @@ def hints_from_annotations(annotations: Any) -> dict[str, Any]:
         data = json.loads(raw)
     except json.JSONDecodeError as e:
         raise RequestError(field, f"not valid JSON: {e.msg} at column {e.colno}") from None
+    except ValueError as e:  # an integer too long to convert (Python's 4,300-digit limit)
+        raise RequestError(field, f"not valid JSON: {e}") from None
     return parse_hints(data, field)
 
 
@@ -227,11 +247,15 @@ def parse_request_spec(text: str, hints: str | None = None) -> Request:
     """The CLI's `gpus=2,vfs=2[,pfs=0,cpus=8,memory=64Gi]` with optional hint JSON."""
     keys = {"gpus", "vfs", "pfs", "cpus", "memory"}
     values: dict[str, Any] = {}
+    seen: set[str] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in keys:
             raise RequestError(key or part, f"expected key=value with key in {sorted(keys)}")
+        if key in seen:
+            raise RequestError(key, "given twice")
+        seen.add(key)
         q = parse_quantity(value.strip(), key)
         if key == "memory":
             values["memory_bytes"] = int(q)
@@ -242,7 +266,10 @@ def parse_request_spec(text: str, hints: str | None = None) -> Request:
     extra: dict[str, Any] = {}
     if hints:
         try:
-            extra = parse_hints(json.loads(hints), "hints")
+            data = json.loads(hints)
         except json.JSONDecodeError as e:
             raise RequestError("hints", f"not valid JSON: {e.msg}") from None
+        except ValueError as e:  # an integer too long to convert
+            raise RequestError("hints", f"not valid JSON: {e}") from None
+        extra = parse_hints(data, "hints")
     return Request(**values, **extra)

@@ -127,7 +127,7 @@ def _ledger(topology: NodeTopology, path: Path) -> Ledger:
         data: Any = json.loads(path.read_text())
     except OSError as exc:
         fail(f"--used: cannot read {path}: {exc.strerror or exc}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad JSON, bad UTF-8, an integer too long to convert
         fail(f"--used: {path} is not valid JSON: {exc}")
     entries: list[tuple[str, Any, str]] = []
     if isinstance(data, dict) and isinstance(data.get("pods"), list):

@@ -17,6 +17,10 @@ from railyard.topology.model import Distance
 
 VERSION = 1
 _PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+_DIGITS = re.compile(r"\d+")
+# Far above any kernel's CPU count (NR_CPUS tops out at 8,192 on x86-64); the annotation is
+# user-editable, so a larger id is refused rather than expanded.
+_MAX_CPU = 65535
 
 
 class RecordError(ValueError):
@@ -137,6 +141,9 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
             raise RecordError(f"{where}.numaNodes[{i}]: expected a NUMA node id")
     cpus = _get(d, "cpus", where, str, nullable=True, required=False)
     if cpus:
+        # Bound the ids before expanding ranges: "0-4000000000" would be a list of 4e9 ints.
+        if any(len(n) > 6 or int(n) > _MAX_CPU for n in _DIGITS.findall(cpus)):
+            raise RecordError(f"{where}.cpus: CPU id beyond {_MAX_CPU} in {cpus[:40]!r}")
         try:
             parse_cpulist(cpus)
         except ValueError as e:
@@ -182,6 +189,6 @@ def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocatio
     """Parse the annotation string; RecordError (naming the field) on anything malformed."""
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except ValueError as e:  # also bad UTF-8 and integers past Python's 4,300-digit limit
         raise RecordError(f"{where}: not valid JSON: {e}") from None
     return allocation_from_json(data, where)

@@ -52,7 +52,7 @@ def read_state(path: Path) -> list[BoundPod]:
         where = f"{path}:{i}"
         try:
             obj = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except ValueError as e:  # also bad UTF-8 and integers past the 4,300-digit limit
             raise StateFileError(f"{where}: not valid JSON: {e}") from None
         if i == 1:
             if obj != HEADER:
@@ -124,9 +124,11 @@ class StateFile:
             os.replace(tmp, self.path)
         except OSError as e:
             raise StateFileError(f"{self.path}: cannot write a snapshot: {e}") from None
-        # From here the file on disk is the snapshot; the old descriptor names a dead inode.
+        # From here the file on disk is the snapshot; the old descriptor names a dead inode
+        # (an error closing it changes nothing on disk, so it must not fail the batch).
         if self._fd is not None:
-            os.close(self._fd)
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
             self._fd = None
         try:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
@@ -201,7 +203,7 @@ class StateFile:
             batch, self._pending = self._pending, []
             try:
                 await asyncio.to_thread(self._append, [(o, u, ln) for o, u, ln, _ in batch])
-            except StateFileError as e:
+            except Exception as e:  # any error: the waiting binds must hear of it, not hang
                 for *_, fut in batch:
                     if not fut.done():
                         fut.set_exception(e)
