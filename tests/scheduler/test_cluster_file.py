@@ -54,6 +54,7 @@ def test_spec_honours_vfs_per_pf():
     ("", "expected profile:count"),
     ("dgx-h100:0", "count must be a positive integer"),
     ("dgx-h100:x", "count must be a positive integer"),
+    ("dgx-h100:100001", "at most 100,000 nodes per profile"),
     ("nonesuch:3", "unknown profile 'nonesuch'"),
     ("dgx-h100:2,dgx-h100:1", "given twice"),
 ])

@@ -21,6 +21,8 @@ from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, MAX_VFS_PER_PF, buil
 from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
 from railyard.topology.model import NodeTopology
 
+MAX_SPEC_NODES = 100_000  # per profile in a short spec; the extender is measured at 5,000
+
 
 class ClusterFileError(ValueError):
     """A cluster file or spec that cannot be used; the message names the field."""
@@ -215,6 +217,10 @@ def cluster_from_spec(spec: str, vfs_per_pf: int = DEFAULT_VFS_PER_PF) -> Cluste
             count = -1
         if count < 1:
             raise ClusterFileError(f"cluster spec part {part!r}: count must be a positive integer")
+        if count > MAX_SPEC_NODES:
+            # A typo ("dgx-h100:5000000") would otherwise build millions of nodes in memory.
+            raise ClusterFileError(f"cluster spec part {part!r}: at most {MAX_SPEC_NODES:,} "
+                                   "nodes per profile")
         if name in seen:
             raise ClusterFileError(f"cluster spec part {part!r}: profile {name!r} given twice")
         seen.add(name)
