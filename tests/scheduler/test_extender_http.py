@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 from scheduler_helpers import args, node_list, pod, served
 
 from railyard.allocation.request import Request
@@ -286,3 +287,46 @@ def test_a_retried_bind_while_the_first_is_recording_waits_and_allocates_once():
     assert "already bound to 'dgx-h100-000'" in other[1]["Error"]
     assert len(writer.bound) == 1 and len(ext.state.ledger("dgx-h100-000")) == 1
     assert len(ext.state.ledger("dgx-h100-001")) == 0
+
+
+class GatedWriter:
+    """Records only when the test opens the gate; fails then if told to."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+        self.gate = asyncio.Event()
+        self.bound: list[BoundPod] = []
+
+    async def bind(self, p: BoundPod) -> None:
+        await self.gate.wait()
+        if self.fail:
+            raise OSError("API server unavailable")
+        self.bound.append(p)
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_a_bind_whose_caller_goes_away_still_finishes_its_record_or_rolls_back(fail):
+    # A handler cancelled mid-write (shutdown, or aiohttp's handler cancellation) must not
+    # cut the record short: a failed write still frees the devices, a retry hears the outcome.
+    writer = GatedWriter(fail)
+    ext = extender(writer)
+    from railyard.scheduler.wire import ExtenderBindingArgs, pod_facts
+
+    async def go():
+        ext.pods.put(pod_facts(pod("u1", gpus=2, vfs=2)))
+        binding = ExtenderBindingArgs("pod-u1", "default", "u1", "dgx-h100-000")
+        first = asyncio.create_task(ext.bind_pod(binding))
+        await asyncio.sleep(0.01)
+        retry = asyncio.create_task(ext.bind_pod(binding))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        await asyncio.sleep(0.01)
+        writer.gate.set()
+        return await asyncio.wait_for(retry, timeout=5)
+
+    retried = asyncio.run(go())
+    held = len(ext.state.ledger("dgx-h100-000"))
+    if fail:
+        assert "API server unavailable" in retried and held == 0
+    else:
+        assert retried == "" and held == 1 and [p.uid for p in writer.bound] == ["u1"]

@@ -100,7 +100,7 @@ class Extender:
         self.pods = PodCache(pod_cache)
         # Binds whose writes are in flight, by UID: a retry of the same bind waits for the
         # first one's outcome instead of allocating twice.
-        self._inflight: dict[str, asyncio.Future[str]] = {}
+        self._inflight: dict[str, asyncio.Task[str]] = {}
         self.metrics.pods.set(len(state.pods()))
 
     def app(self) -> web.Application:
@@ -217,18 +217,20 @@ class Extender:
             self.metrics.failure("bind", m.UNKNOWN_NODE)
             return f"cannot bind {who}: node {args.Node!r} is not known to Railyard"
 
-        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._inflight[uid] = done
-        error = ""
+        # The bind runs as its own task: a caller that goes away (shutdown, a cancelled
+        # handler) must not cut the record short and leave devices held without one.
+        task = asyncio.ensure_future(self._bind_settled(args, facts, who))
+        self._inflight[uid] = task
+        return await asyncio.shield(task)
+
+    async def _bind_settled(self, args: ExtenderBindingArgs, facts: PodFacts, who: str) -> str:
         try:
-            error = await self._bind(args, facts, who)
+            return await self._bind(args, facts, who)
         except Exception as e:  # never leave a waiter hanging; report, don't crash
             log.exception("bind of %s failed", who)
-            error = f"binding {who} failed: {e}"
+            return f"binding {who} failed: {e}"
         finally:
-            del self._inflight[uid]
-            done.set_result(error)
-        return error
+            del self._inflight[args.PodUID]
 
     async def _bind(self, args: ExtenderBindingArgs, facts: PodFacts, who: str) -> str:
         if not facts.request.wants_devices:
