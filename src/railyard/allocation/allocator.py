@@ -117,13 +117,6 @@ class Allocator:
         self._scores[key] = score
         return score
 
-    def choose(self, topology: NodeTopology, ledger: Ledger | None,
-               request: Request) -> Choice | Infeasible:
-        """The abstract decision (memoised): for tests, benchmarks and curious callers."""
-        shape = self.shape(topology)
-        decided = self._decide(shape, self.group_key(topology, ledger), ledger, request)
-        return _named(decided, topology) if isinstance(decided, Infeasible) else decided
-
     def shape(self, topology: NodeTopology) -> NodeShape:
         """The search view of a topology: built once per shape, then shared by every
         topology object of that shape (only device names are per node)."""

@@ -1,8 +1,8 @@
 """A node's hardware as the allocator searches it: indices, bit masks and integer distances.
 
-Built once per `NodeTopology` object (its `shape_key` is expensive), then shared by every
-allocation on that node. `FreeState` is the ledger's free state in the same terms. Pure: no
-I/O; the caches here belong to the `Allocator` that built the shape.
+Built once per shape (equal `shape_key`) and shared by every node of that shape; only the
+parts naming devices are per node (`same_shape`). `FreeState` is the ledger's free state in
+the same terms. Pure: no I/O; the caches here belong to the `Allocator` that built them.
 """
 
 from __future__ import annotations
@@ -72,14 +72,6 @@ class NodeShape:
     vf_refs: tuple[tuple[tuple[str, NicRef], ...], ...]  # per PF, like `vfs`
     pf_refs: tuple[NicRef, ...]
     distances: tuple[tuple[Distance, ...], ...]  # `dist` as Distance members
-
-    @property
-    def real_mask(self) -> int:
-        return (1 << len(self.numa_ids)) - 1
-
-    @property
-    def unknown_bit(self) -> int:
-        return len(self.numa_ids)
 
 
 def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],

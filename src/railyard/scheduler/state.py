@@ -66,7 +66,7 @@ class _Group:
     computation per call; reaching this one costs a dict lookup.
     """
 
-    __slots__ = ("__weakref__", "answers", "key", "shape")
+    __slots__ = ("__weakref__", "answers", "key")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
