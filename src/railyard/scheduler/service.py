@@ -76,6 +76,16 @@ class PodCache:
         return len(self._pods)
 
 
+def _names(args: ExtenderArgs) -> list[str]:
+    """The node names of filter/prioritize args: `NodeNames` (nodeCacheCapable) or the
+    names of the `Nodes` list's items."""
+    if args.NodeNames is not None:
+        return args.NodeNames
+    if args.Nodes is not None:
+        return node_list_names(args.Nodes)
+    raise WireError("ExtenderArgs: neither NodeNames nor Nodes given")
+
+
 def _json(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=encode(body), status=status, content_type=JSON)
 
@@ -128,13 +138,7 @@ class Extender:
         try:
             args = decode(body, ExtenderArgs)
             facts = pod_facts(args.Pod, self.pods.get)
-            if args.NodeNames is not None:
-                names, node_list = args.NodeNames, None
-            elif args.Nodes is not None:
-                node_list = args.Nodes
-                names = node_list_names(node_list)
-            else:
-                raise WireError("ExtenderArgs: neither NodeNames nor Nodes given")
+            names = _names(args)
         except WireError as e:
             self.metrics.failure("filter", m.BAD_REQUEST)
             return _filter_reply(error=str(e))
@@ -144,9 +148,10 @@ class Extender:
         self.metrics.failure("filter", m.UNKNOWN_NODE, unknown)
         self.metrics.failure("filter", m.UNRESOLVABLE, len(out.unresolvable) - unknown)
         self.metrics.failure("filter", m.BLOCKED, len(out.failed))
-        if node_list is None:
+        if args.NodeNames is not None:
             return _filter_reply(names=out.fits, failed=out.failed,
                                  unresolvable=out.unresolvable)
+        node_list = args.Nodes or {}
         fits = set(out.fits)
         kept = [item for item, name in zip(node_list.get("items") or [], names, strict=True)
                 if name in fits]
@@ -162,12 +167,7 @@ class Extender:
             try:
                 args = decode(body, ExtenderArgs)
                 facts = pod_facts(args.Pod, self.pods.get)
-                if args.NodeNames is not None:
-                    names = args.NodeNames
-                elif args.Nodes is not None:
-                    names = node_list_names(args.Nodes)
-                else:
-                    raise WireError("ExtenderArgs: neither NodeNames nor Nodes given")
+                names = _names(args)
             except WireError as e:
                 # HostPriorityList has no Error field: say it with the status.
                 self.metrics.failure("prioritize", m.BAD_REQUEST)
