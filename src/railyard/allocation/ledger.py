@@ -64,7 +64,6 @@ class Ledger:
         self._numa_of_cpu = {c: n.id for n in topology.numa_nodes for c in n.cpu_ids}
         self._cpus = frozenset(self._numa_of_cpu)
         self._memory = {n.id: n.memory_bytes for n in topology.numa_nodes}
-        self.generation = 0  # bumps on every change: a cheap "has anything moved" check
         for holder, alloc in holders:
             self.add(holder, alloc)
 
@@ -89,7 +88,6 @@ class Ledger:
             self.used_memory[numa] += b
         for vf in h.vfs:
             self._vfs_used_per_pf[self._pf_of_vf[vf]] += 1
-        self.generation += 1
 
     def remove(self, holder: str) -> Allocation | None:
         """Free what `holder` had; None when it had nothing (removal is idempotent)."""
@@ -110,7 +108,6 @@ class Ledger:
             self._vfs_used_per_pf[pf] -= 1
             if self._vfs_used_per_pf[pf] <= 0:
                 del self._vfs_used_per_pf[pf]
-        self.generation += 1
         return alloc
 
     def _check(self, h: Holding) -> None:
@@ -162,14 +159,6 @@ class Ledger:
 
     def vfs_used_on(self, pf_pci_address: str) -> int:
         return self._vfs_used_per_pf.get(pf_pci_address, 0)
-
-    def free_cpus(self, numa: int) -> list[int]:
-        """Unpinned CPUs of one NUMA node, lowest first."""
-        return sorted(c for c, n in self._numa_of_cpu.items()
-                      if n == numa and c not in self.used_cpus)
-
-    def free_memory(self, numa: int) -> int:
-        return self._memory.get(numa, 0) - self.used_memory[numa]
 
     def signature(self) -> tuple:
         """The free state as a hashable value: equal on two nodes of one shape ⇒ same answers.
