@@ -326,3 +326,21 @@ def test_memoised_reason_names_each_node_itself():
         result = alloc.allocate(t, Ledger(t), Request(gpus=9))
         assert isinstance(result, Infeasible)
         assert result.reason == f"9 GPUs requested but {name} has 8"
+
+
+def test_memo_names_each_nodes_own_devices_for_a_shared_shape():
+    """Two nodes of one shape with their own GPU UUIDs: the memoised answer (and its cached
+    pairs) must name the second node's devices, not the first's."""
+    alloc = Allocator()
+    r = Request(gpus=8, vfs=8)
+    t1 = topo("dgx-h100", node="n1")
+    t2 = replace(
+        topo("dgx-h100", node="n2"),
+        gpus=tuple(replace(g, uuid=f"GPU-n2-{g.index}") for g in t1.gpus))
+    assert t1.shape_key == t2.shape_key
+    a = alloc.allocate(t1, Ledger(t1), r)
+    b = alloc.allocate(t2, Ledger(t2), r)
+    assert isinstance(a, Allocation) and isinstance(b, Allocation)
+    assert [p.gpu.uuid for p in b.pairs] == [f"GPU-n2-{p.gpu.index}" for p in a.pairs]
+    assert [p.nic for p in a.pairs] == [p.nic for p in b.pairs]
+    assert alloc.allocate(t1, Ledger(t1), r) == a  # the first node's pairs are its own still

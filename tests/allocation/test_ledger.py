@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from railyard.allocation.ledger import Ledger, LedgerConflict
@@ -69,3 +71,28 @@ def test_signature_ignores_which_vf_of_a_pf_is_used():
     a.add("x", alloc(gpu=0, vf=0))
     b.add("x", alloc(gpu=0, vf=1))
     assert a.signature() == b.signature()
+
+
+def test_cached_signature_follows_every_add_remove_and_failed_add():
+    """The signature is cached between changes; it must equal a freshly built ledger's."""
+    ledger = Ledger(TOPO)
+    steps = [
+        ("add", "a", alloc(gpu=0, vf=0, cpus="0-1", memory=1 << 30)),
+        ("add", "b", alloc(gpu=0, vf=1)),  # conflicts: changes nothing
+        ("add", "c", alloc(gpu=1, vf=1, cpus="2")),
+        ("remove", "a", None),
+        ("remove", "a", None),  # idempotent
+        ("add", "d", alloc(gpu=2, whole_pf=True)),  # conflicts: c holds a VF of the PF
+        ("remove", "c", None),
+        ("add", "d", alloc(gpu=2, whole_pf=True)),
+    ]
+    for op, holder, allocation in steps:
+        ledger.signature()  # fill the cache before each change
+        if op == "add":
+            assert allocation is not None
+            with contextlib.suppress(LedgerConflict):
+                ledger.add(holder, allocation)
+        else:
+            ledger.remove(holder)
+        assert ledger.signature() == Ledger(TOPO, ledger.holders()).signature()
+    assert [h for h, _ in ledger.holders()] == ["d"]

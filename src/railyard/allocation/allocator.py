@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Literal
 
 from railyard.allocation.explain import NODE, explain
@@ -25,7 +26,7 @@ from railyard.allocation.shape import (
     free_state,
     same_shape,
 )
-from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Pair
+from railyard.allocation.types import Allocation, Infeasible, NicRef, Pair
 from railyard.topology.cpus import format_cpulist
 from railyard.topology.model import Distance, NodeTopology
 
@@ -56,6 +57,9 @@ class Allocator:
         self._shape_ids: dict[tuple, int] = {}  # full shape key -> small int for memo keys
         self._caches: dict[tuple, ShapeCaches] = {}
         self._memo: dict[tuple, Choice | Infeasible] = {}
+        # Same key as `_memo`: the memoised answer with everything but the free VFs and
+        # CPUs worked out, in shape indices (so valid for every node of the shape).
+        self._plans: dict[tuple, _Plan | Infeasible] = {}
         self._scores: dict[tuple, int] = {}
 
     # ------------------------------------------------------------------ public
@@ -64,10 +68,18 @@ class Allocator:
                  request: Request) -> Allocation | Infeasible:
         """The best allocation for `request` on this node now, or why there is none."""
         shape = self.shape(topology)
-        decided = self._decide(shape, self.group_key(topology, ledger), ledger, request)
-        if isinstance(decided, Infeasible):
-            return _named(decided, topology)
-        return _concrete(shape, ledger, request, decided)
+        group = (shape.id, ledger.signature(), _odd_used(shape, ledger))
+        key = (group, request.shape)
+        plan = self._plans.get(key)
+        if plan is None:
+            decided = self._decide(shape, group, ledger, request)
+            plan = decided if isinstance(decided, Infeasible) else _plan(shape, decided, request)
+            if len(self._plans) >= _MEMO_LIMIT:
+                self._plans.clear()
+            self._plans[key] = plan
+        if isinstance(plan, Infeasible):
+            return _named(plan, topology)
+        return _concrete(shape, ledger, plan)
 
     def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> Hashable:
         """Nodes with equal keys get equal answers to every request (up to their names).
@@ -211,59 +223,105 @@ def _odd_used(shape: NodeShape, ledger: Ledger) -> tuple:
     return tuple(sorted(v for v in ledger.used_vfs if v in shape.nonallocatable_vfs))
 
 
-def _concrete(shape: NodeShape, ledger: Ledger, request: Request, choice: Choice) -> Allocation:
-    """Devices for an abstract choice: lowest free VF index per PF, lowest free CPUs."""
-    used_vfs = ledger.used_vfs
-    instances: dict[int, list[NicRef]] = {}
-    for j, t in enumerate(choice.vf_counts):
-        if t:
-            got = instances[j] = []
-            for address, ref in shape.vf_refs[j]:
-                if address not in used_vfs:
-                    got.append(ref)
-                    if len(got) == t:
-                        break
-    for j in choice.whole:
-        instances[j] = [shape.pf_refs[j]]
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """A memoised `Choice` worked out up to which VFs and CPUs are free (shape indices).
 
+    `_concrete` then only picks the lowest free VF index of each PF and the lowest free
+    CPUs, and fetches the record objects; everything here holds for any node of the shape.
+    """
+
+    takes: tuple[tuple[int, int], ...]  # (PF, VFs to pick), PFs that give VFs, ascending
+    whole: tuple[int, ...]  # PFs taken whole
+    pairs: tuple[tuple[int, int, int], ...]  # (GPU, PF, instance of that PF), in pair order
+    lone: tuple[int, ...]  # GPUs without a NIC
+    unpaired: tuple[tuple[int, int], ...]  # (PF, instance) paired with no GPU
+    cpus: tuple[tuple[int, int], ...]  # (NUMA bit, CPUs)
+    exclusive: bool
+    numa_nodes: tuple[int, ...]  # real ids
+    memory_bytes: tuple[tuple[int, int], ...]
+
+
+def _plan(shape: NodeShape, choice: Choice, request: Request) -> _Plan:
+    """Work out a choice once, when it is memoised: pair slots, NUMA ids, memory."""
+    counts: dict[int, int] = {j: t for j, t in enumerate(choice.vf_counts) if t}
+    for j in choice.whole:
+        counts[j] = 1
     # GPUs served by each PF, in GPU order; spread over its instances as evenly as possible
     # (one-to-one: one GPU each, extra instances stay unpaired).
     served: dict[int, list[int]] = {}
     for pos, target in enumerate(choice.targets):
         if target is not None:
             served.setdefault(target[0], []).append(pos)
-    nic_at: dict[int, NicRef] = {}
-    unpaired_nics: list[NicRef] = []
-    for j, refs in instances.items():
+    slot_at: dict[int, tuple[int, int]] = {}
+    unpaired: list[tuple[int, int]] = []
+    for j, n_refs in counts.items():
         positions = served.get(j)
         if not positions:
-            unpaired_nics.extend(refs)
+            unpaired.extend((j, n) for n in range(n_refs))
             continue
-        q, r = divmod(len(positions), len(refs))
+        q, r = divmod(len(positions), n_refs)
         at = 0
-        for n, ref in enumerate(refs):
+        for n in range(n_refs):
             count = q + 1 if n < r else q
             if count == 0:
-                unpaired_nics.append(ref)
+                unpaired.append((j, n))
             for pos in positions[at:at + count]:
-                nic_at[pos] = ref
+                slot_at[pos] = (j, n)
             at += count
-
-    pairs: list[Pair] = []
-    lone_gpus: list[GpuRef] = []
+    pairs: list[tuple[int, int, int]] = []
+    lone: list[int] = []
     for pos, i in enumerate(choice.gpus):
-        ref = nic_at.get(pos)
-        if ref is None:
-            lone_gpus.append(shape.gpu_refs[i])
+        slot = slot_at.get(pos)
+        if slot is None:
+            lone.append(i)
         else:
-            target = choice.targets[pos]
-            assert target is not None
-            pairs.append(Pair(shape.gpu_refs[i], ref, shape.distances[i][target[0]]))
+            pairs.append((i, *slot))
+    ids = shape.numa_ids
+    return _Plan(
+        takes=tuple((j, t) for j, t in enumerate(choice.vf_counts) if t),
+        whole=choice.whole,
+        pairs=tuple(pairs),
+        lone=tuple(lone),
+        unpaired=tuple(unpaired),
+        cpus=choice.cpus,
+        exclusive=bool(request.exclusive_cpus),
+        numa_nodes=tuple(ids[b] for b in range(len(ids)) if (choice.numa_mask >> b) & 1),
+        memory_bytes=tuple((ids[b], m) for b, m in choice.memory),
+    )
+
+
+def _concrete(shape: NodeShape, ledger: Ledger, plan: _Plan) -> Allocation:
+    """Devices for a plan: lowest free VF index per PF, lowest free CPUs."""
+    used_vfs = ledger.used_vfs
+    # Per PF, the picked instances as (position in `shape.vf_refs[j]`, ref); −1 = whole.
+    picked: dict[int, list[tuple[int, NicRef]]] = {}
+    for j, t in plan.takes:
+        got = picked[j] = []
+        for p, (address, ref) in enumerate(shape.vf_refs[j]):
+            if address not in used_vfs:
+                got.append((p, ref))
+                if len(got) == t:
+                    break
+    for j in plan.whole:
+        picked[j] = [(-1, shape.pf_refs[j])]
+
+    cache = shape.pair_cache
+    pairs: list[Pair] = []
+    for i, j, n in plan.pairs:
+        p, ref = picked[j][n]
+        pair = cache.get((i, j, p))
+        if pair is None:
+            pair = cache[(i, j, p)] = Pair(shape.gpu_refs[i], ref, shape.distances[i][j])
+        pairs.append(pair)
+    unpaired_nics = [picked[j][n][1] for j, n in plan.unpaired]
+    if len(unpaired_nics) > 1:
+        unpaired_nics.sort(key=lambda n: n.pci_address)
 
     cpus: list[int] = []
-    if choice.cpus:
+    if plan.cpus:
         used_cpus = ledger.used_cpus
-        for bit, count in choice.cpus:
+        for bit, count in plan.cpus:
             taken = 0
             for c in shape.cpus[bit]:
                 if c not in used_cpus:
@@ -271,17 +329,15 @@ def _concrete(shape: NodeShape, ledger: Ledger, request: Request, choice: Choice
                     taken += 1
                     if taken == count:
                         break
-    ids = shape.numa_ids
-    if len(unpaired_nics) > 1:
-        unpaired_nics.sort(key=lambda n: n.pci_address)
+    gpu_refs = shape.gpu_refs
     return Allocation(
         node=shape.topology.node,
-        numa_nodes=tuple(ids[b] for b in range(len(ids)) if (choice.numa_mask >> b) & 1),
-        cpus=format_cpulist(cpus) if request.exclusive_cpus else None,
-        memory_bytes=tuple((ids[b], m) for b, m in choice.memory),
+        numa_nodes=plan.numa_nodes,
+        cpus=format_cpulist(cpus) if plan.exclusive else None,
+        memory_bytes=plan.memory_bytes,
         pairs=tuple(pairs),
         nics=tuple(unpaired_nics),
-        gpus=tuple(lone_gpus),
+        gpus=tuple(gpu_refs[i] for i in plan.lone),
     )
 
 

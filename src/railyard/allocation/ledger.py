@@ -64,6 +64,9 @@ class Ledger:
         self._numa_of_cpu = {c: n.id for n in topology.numa_nodes for c in n.cpu_ids}
         self._cpus = frozenset(self._numa_of_cpu)
         self._memory = {n.id: n.memory_bytes for n in topology.numa_nodes}
+        # `signature()` until the next change: every memoised allocate asks for it, and
+        # rebuilding it costs several µs. Only add/remove change what it reads.
+        self._signature: tuple | None = None
         for holder, alloc in holders:
             self.add(holder, alloc)
 
@@ -78,6 +81,7 @@ class Ledger:
                 f"allocation is for node {alloc.node!r}, ledger is {self.topology.node!r}")
         h = Holding.of(alloc)
         self._check(h)
+        self._signature = None
         self._allocations[holder] = alloc
         self._holdings[holder] = h
         self.used_gpus |= h.gpus
@@ -95,6 +99,7 @@ class Ledger:
         if alloc is None:
             return None
         h = self._holdings.pop(holder)
+        self._signature = None
         self.used_gpus -= h.gpus
         self.used_vfs -= h.vfs
         self.used_pfs -= h.pfs
@@ -166,12 +171,15 @@ class Ledger:
         VFs enter only as counts per PF (the allocator treats VFs of a PF as interchangeable
         and picks concrete ones afterwards), so nodes that differ only in *which* VFs are
         used still share a signature; pinned CPUs likewise enter as counts per NUMA node.
-        Memory enters per NUMA node in bytes.
+        Memory enters per NUMA node in bytes. Cached until the next add/remove.
         """
-        return (
+        if self._signature is not None:
+            return self._signature
+        self._signature = (
             tuple(sorted(self.used_gpus)),
             tuple(sorted(self._vfs_used_per_pf.items())),
             tuple(sorted(self.used_pfs)),
             tuple(sorted(Counter(self._numa_of_cpu[c] for c in self.used_cpus).items())),
             tuple(sorted(self.used_memory.items())),
         )
+        return self._signature

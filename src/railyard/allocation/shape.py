@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from railyard.allocation.ledger import Ledger
-from railyard.allocation.types import GpuRef, NicRef
+from railyard.allocation.types import GpuRef, NicRef, Pair
 from railyard.topology.model import GDR_LIMIT, Distance, Gpu, Nic, NodeTopology, Vf
 
 VF, WHOLE = 0, 1  # how a PF serves a pod: some of its VFs, or itself whole
@@ -72,6 +72,9 @@ class NodeShape:
     vf_refs: tuple[tuple[tuple[str, NicRef], ...], ...]  # per PF, like `vfs`
     pf_refs: tuple[NicRef, ...]
     distances: tuple[tuple[Distance, ...], ...]  # `dist` as Distance members
+    # (GPU, PF, position in `vf_refs[PF]` or −1 for the whole PF) -> its Pair, filled by the
+    # allocator: Pairs are immutable, so allocations of this node's devices share them.
+    pair_cache: dict[tuple[int, int, int], Pair]
 
 
 def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
@@ -144,13 +147,14 @@ def _offered_vfs(pfs: Sequence[Nic], port_ok: Sequence[bool]) -> tuple[tuple[Vf,
 
 
 def _refs(gpus: Sequence[Gpu], pfs: Sequence[Nic],
-          vfs: Sequence[Sequence[Vf]]) -> dict[str, tuple]:
+          vfs: Sequence[Sequence[Vf]]) -> dict[str, tuple | dict]:
     """The record parts naming one node's own devices (UUIDs, netdevs, RDMA names)."""
     return {
         "gpu_refs": tuple(GpuRef.of(g) for g in gpus),
         "vf_refs": tuple(tuple((v.pci_address, NicRef.of_vf(n, v)) for v in vs)
                          for n, vs in zip(pfs, vfs, strict=True)),
         "pf_refs": tuple(NicRef.of_pf(n) for n in pfs),
+        "pair_cache": {},  # new refs, new Pairs
     }
 
 
