@@ -116,3 +116,12 @@ def test_cpu_ids_beyond_any_kernel_are_refused_without_expanding_them(cpus):
 def test_an_over_long_integer_is_a_record_error_not_a_crash():
     with pytest.raises(RecordError, match="not valid JSON"):
         decode_allocation('{"version": ' + "1" * 5000 + "}")
+
+
+def test_decided_at_is_utc_to_the_second_whatever_the_zone():
+    from datetime import datetime, timedelta, timezone
+
+    from railyard.records.allocation import format_decided_at
+
+    moment = datetime(2026, 12, 2, 11, 0, 0, 750000, tzinfo=timezone(timedelta(hours=1)))
+    assert format_decided_at(moment) == "2026-12-02T10:00:00Z"

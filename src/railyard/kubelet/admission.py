@@ -36,6 +36,7 @@ from railyard.kubelet.response import (
     nic_grant,
     pairs_json,
 )
+from railyard.records.allocation import format_decided_at
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ AfterAllocate = Callable[[PodView | None, ContainerGrant], None]
 
 
 def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_decided_at(datetime.now(UTC))
 
 
 class Admission:

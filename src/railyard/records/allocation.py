@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
@@ -28,6 +29,16 @@ class RecordError(ValueError):
 
 
 # ----------------------------------------------------------------------- encode
+
+
+def format_decided_at(moment: datetime) -> str:
+    """`decidedAt` as every writer stamps it: RFC 3339 in UTC, to the second.
+
+    The caller supplies the moment (the core has no clock); one format keeps records from
+    the scheduler and the node comparable.
+    """
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
 
 
 def gpu_to_json(g: GpuRef) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
+from railyard.records.allocation import format_decided_at
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
 
@@ -142,7 +143,7 @@ class _TrackedLedger(Ledger):
 
 
 def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_decided_at(datetime.now(UTC))
 
 
 def unknown_node_reason(name: str) -> str:
