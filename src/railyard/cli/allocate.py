@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -62,13 +61,14 @@ def allocate(
     from railyard.allocation.allocator import Allocator
     from railyard.allocation.request import RequestError, parse_request_spec
     from railyard.allocation.types import Infeasible
+    from railyard.cli.source import node_topology
 
     try:
         req = parse_request_spec(request, hints)
     except RequestError as exc:
         where = "--hints" if exc.field.startswith("hints") else "--request"
         fail(f"{where}: {exc}")
-    topology = _topology(sysfs_root, profile, vfs_per_pf, node)
+    topology = node_topology(sysfs_root, profile, vfs_per_pf, node=node)
     ledger = _ledger(topology, used) if used is not None else None
     if ledger is None:
         from railyard.allocation.ledger import Ledger
@@ -87,35 +87,6 @@ def allocate(
         from railyard.records.allocation import allocation_to_json
 
         print(json.dumps(allocation_to_json(result), indent=2))
-
-
-def _topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int | None,
-              node: str | None) -> NodeTopology:
-    if (sysfs_root is None) == (profile is None):
-        fail("give exactly one of --sysfs-root DIR and --profile NAME")
-    if vfs_per_pf is not None and profile is None:
-        fail("--vfs-per-pf: applies to --profile only (a sysfs tree says how many VFs it has)")
-    if profile is not None:
-        from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, build_topology
-        from railyard.discovery.profiles import profile as find_profile
-
-        try:
-            return build_topology(find_profile(profile),
-                                  DEFAULT_VFS_PER_PF if vfs_per_pf is None else vfs_per_pf,
-                                  node=node)
-        except ValueError as exc:
-            fail(f"--profile: {exc}" if "profile" in str(exc) else f"--vfs-per-pf: {exc}")
-    from railyard.discovery.discover import discover
-    from railyard.discovery.sysfs import SysfsError
-
-    assert sysfs_root is not None
-    try:
-        found = discover(sysfs_root)
-    except SysfsError as exc:
-        fail(f"--sysfs-root: cannot discover: {exc}")
-    for warning in found.warnings:
-        print(f"railyard: warning: {warning}", file=sys.stderr)
-    return replace(found.topology, node=node) if node else found.topology
 
 
 def _ledger(topology: NodeTopology, path: Path) -> Ledger:

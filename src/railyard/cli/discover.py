@@ -5,7 +5,6 @@ must start and finish in well under a second.
 
 from __future__ import annotations
 
-import sys
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -40,30 +39,9 @@ def discover(
     ] = Format.json,
 ) -> None:
     """Discover GPUs, RDMA NICs (PFs and VFs), NUMA nodes and their PCIe distances."""
-    if sysfs_root is not None and profile is not None:
-        fail("--sysfs-root and --profile exclude each other")
-    if vfs_per_pf is not None and profile is None:
-        fail("--vfs-per-pf applies to --profile only (a sysfs tree says how many VFs it has)")
-    if profile is not None:
-        from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, build_topology
-        from railyard.discovery.profiles import profile as find_profile
+    from railyard.cli.source import node_topology
 
-        try:
-            topology = build_topology(find_profile(profile),
-                                      DEFAULT_VFS_PER_PF if vfs_per_pf is None else vfs_per_pf)
-        except ValueError as exc:
-            fail(str(exc))
-    else:
-        from railyard.discovery.discover import discover as run_discovery
-        from railyard.discovery.sysfs import SysfsError
-
-        try:
-            found = run_discovery(sysfs_root if sysfs_root is not None else Path("/"))
-        except SysfsError as exc:
-            fail(f"cannot discover: {exc}")
-        for warning in found.warnings:
-            print(f"railyard: warning: {warning}", file=sys.stderr)
-        topology = found.topology
+    topology = node_topology(sysfs_root, profile, vfs_per_pf, default_root=Path("/"))
     if format is Format.json:
         import json
 
