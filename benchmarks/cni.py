@@ -56,6 +56,7 @@ class Bench:
         sh("ip", "netns", "add", self.host)
         self.host_fd = os.open(f"/run/netns/{self.host}", os.O_RDONLY)
         self.sysfs = root / "sysfs"
+        self.sysfs.mkdir()  # the service refuses a --sysfs-root that does not exist
         self.state = root / "state"
         self.store = StateStore(self.state)
         topo = build_topology(profile("dgx-h100"), vfs_per_pf=8, node="bench")
@@ -146,7 +147,7 @@ def run(rounds: int, root: Path) -> dict[str, list[float]]:
             [sys.executable, "-m", "railyard.cli.main", "cni", "serve",
              "--state-dir", str(b.state), "--socket", sock, "--sysfs-root", str(b.sysfs),
              "--host-netns", f"/run/netns/{b.host}", "--devinfo-dir", str(root / "devinfo"),
-             "--pod-resources", ""],
+             "--pod-resources", "", "--node-name", "bench"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while not os.path.exists(sock):
