@@ -214,8 +214,9 @@ def section(results: dict[str, list[float]], rounds: int, load: float) -> str:
         "interleave round by round.",
         "",
         f"- Machine: `{platform.platform()}`, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, **shared with other sessions** (load average {load:.1f} "
-        "when the run began): medians are the figures to read, min…max shows the noise.",
+        f"{platform.python_version()}; machines here may be shared with other sessions (load "
+        f"average {load:.1f} when the run began): medians are the figures to read, min…max "
+        "shows the noise.",
         f"- Command: `sudo python benchmarks/cni.py --rounds {rounds}` (`--write-docs` writes "
         "this section)",
         "",
@@ -226,9 +227,9 @@ def section(results: dict[str, list[float]], rounds: int, load: float) -> str:
         f"- 1 VF ADD: **{ratio:.2f}×** host-device (target ≤ {TARGET_RATIO_1VF:g}×; median "
         f"of the per-round ratios {paired:.2f}×); DEL {del_ratio:.2f}×.",
         f"- 8 VFs ADD: **{med['railyard 8 VFs ADD']:.0f} ms** (target ≤ {TARGET_8VF_MS:g} ms). "
-        "Every device moves host → temporary netns → pod (decision 0045): 16 kernel moves at "
-        f"{med[KERNEL_MOVE]:.1f} ms each (median, this run) are "
-        f"{16 * med[KERNEL_MOVE]:.0f} ms before anything else; host-device moves once.",
+        "Each device moves once, host → pod under a transit name (decision 0047), as "
+        f"host-device's one device does: 8 kernel moves at {med[KERNEL_MOVE]:.1f} ms each "
+        f"(median, this run) are {8 * med[KERNEL_MOVE]:.0f} ms of it.",
         "",
     ])
 
@@ -241,7 +242,8 @@ def write_docs(text: str) -> None:
         doc = doc.rstrip("\n") + "\n\n" + text
     else:
         end = doc.find("\n## ", start + len(SECTION))
-        doc = doc[:start] + text + (doc[end + 1:] if end >= 0 else "")
+        rest = doc[end + 1:] if end >= 0 else ""
+        doc = doc[:start] + text.rstrip("\n") + "\n" + ("\n" + rest if rest else "")
     DOCS.write_text(doc)
 
 

@@ -39,6 +39,9 @@ class MovedDevice(msgspec.Struct, kw_only=True):
     original_mtu: int
     original_up: bool
     mac_set: str | None = None  # the MAC ADD gave it, if the config asked for one
+    # The node-unique name it carries while it crosses between namespaces (chosen before
+    # anything moves, so a crash mid-move leaves a name DEL knows). None in older records.
+    transit_name: str | None = None
     rdma_device: str | None = None
     rdma_moved: bool = False
     ipam_type: str | None = None

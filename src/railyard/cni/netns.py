@@ -1,10 +1,9 @@
 """Network namespaces held by file descriptor, and the few link operations the CNI service needs.
 
 setns(2) on a thread moves that thread alone, so a namespace is entered only long enough to
-open a netlink socket there; the socket keeps talking to that namespace from any thread. A
-temporary namespace is unshare(2) on the calling thread plus the fd we keep: no bind mount, no
-helper process (pyroute2's own `netns=` forks one per socket), and the kernel removes it with its
-last fd. Links are then driven over those sockets with pyroute2's rtnetlink message codecs.
+open a netlink socket there; the socket keeps talking to that namespace from any thread (no
+helper process: pyroute2's own `netns=` forks one per socket). Links are then driven over
+those sockets with pyroute2's rtnetlink message codecs.
 """
 
 from __future__ import annotations
@@ -105,21 +104,6 @@ class Netns:
     @classmethod
     def current(cls) -> Netns:
         return cls(os.open(_SELF, os.O_RDONLY | os.O_CLOEXEC), "host")
-
-    @classmethod
-    def create(cls, label: str = "temporary") -> Netns:
-        """A fresh, empty namespace that lives as long as this object's fd."""
-        home = os.open(_SELF, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            _call(_libc.unshare(CLONE_NEWNET), "unshare")
-            try:
-                fd = os.open(_SELF, os.O_RDONLY | os.O_CLOEXEC)
-            finally:
-                if _libc.setns(home, CLONE_NEWNET) != 0:
-                    os.abort()  # see _inside
-        finally:
-            os.close(home)
-        return cls(fd, label)
 
     def identity(self) -> tuple[int, int]:
         """(device, inode) of the namespace: equal for two fds of one namespace."""

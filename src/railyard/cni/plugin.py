@@ -3,8 +3,9 @@
 `Plugin.handle(env, stdin)` is one CNI call as a runtime makes it; it answers (exit code,
 stdout, stderr) and never raises. The service runs it warm behind the shim; standalone mode
 runs it in the shim's own process. Devices come only from `Grants` (the node state store);
-every move goes host → temporary netns (rename there) → pod, so a name clash on either side
-cannot leave a device half-moved, and any failure mid-ADD puts every device back.
+each device crosses between namespaces under a recorded transit name (one kernel move each
+way, decision 0047), so a name clash on either side cannot leave a device half-moved, and any
+failure mid-ADD puts every device back.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ import contextlib
 import json
 import logging
 import os
-import threading
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +27,7 @@ from railyard.cni.grants import Grant, Grants, PodDevices, confirm
 from railyard.cni.ipam import Ipam, IpamCall
 from railyard.cni.netns import Link, LinkError, Links, Netns, NetnsError, netns_identity
 from railyard.cni.rdma import RdmaError, RdmaNetns
-from railyard.cni.restore import Problems, need, owns, put_back
+from railyard.cni.restore import Problems, move_in, owns, put_back, transit_name
 from railyard.cni.spec import (
     LATEST_VERSION,
     SUPPORTED_VERSIONS,
@@ -56,7 +56,6 @@ DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
 # IPAM plugins that never enter the pod's netns, so they may run while devices still move
 # (dhcp, for one, runs its client inside the netns and must wait for the interface).
 NETNS_FREE_IPAM = frozenset({"host-local", "static", "whereabouts"})
-_MAX_IDLE_STAGING = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,44 +97,10 @@ class Plugin:
         self.host = (Netns.open(self.settings.host_netns) if self.settings.host_netns
                      else Netns.current())
         self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="railyard-ipam")
-        self._idle_staging: list[tuple[Netns, Links]] = []
-        self._staging_lock = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        with self._staging_lock:
-            for ns, links in self._idle_staging:
-                links.close()
-                ns.close()
-            self._idle_staging.clear()
         self.host.close()
-
-    @contextlib.contextmanager
-    def _staging(self) -> Iterator[tuple[Netns, Links]]:
-        """A temporary namespace of this call's own (empty but for lo), reused across calls.
-
-        Creating and destroying a namespace per call cost ~9 ms on the development VM (the
-        kernel tears one down on a worker that takes RTNL). Only a namespace left empty goes
-        back to the pool; one still holding a device is closed, as a per-call one would be.
-        Held only by our fds, every one of them dies with the service.
-        """
-        with self._staging_lock:
-            item = self._idle_staging.pop() if self._idle_staging else None
-        if item is None:
-            ns = Netns.create("a temporary namespace")
-            item = (ns, ns.links())
-        clean = False
-        try:
-            yield item
-            clean = item[1].names() == ["lo"]
-        finally:
-            with self._staging_lock:
-                if clean and len(self._idle_staging) < _MAX_IDLE_STAGING:
-                    self._idle_staging.append(item)
-                    item = None
-            if item is not None:
-                item[1].close()
-                item[0].close()
 
     # ------------------------------------------------------------------ entry
 
@@ -228,11 +193,15 @@ class Plugin:
             cni_args=call.args_text, cni_path=list(call.path),
             ipam_conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
         )
-        # One temporary namespace for the whole call, alive until any rollback is done: a
-        # namespace that dies holding a device would destroy a veth and scatter real VFs.
-        with self.host.links() as host, self._staging() as (tmp, staging):
+        with self.host.links() as host, pod_ns.links() as pod:
             for i, (nic, name) in enumerate(zip(nics, names, strict=True)):
                 rec.devices.append(self._plan(host, nic, name, i, conf, rec))
+            present = set(pod.names())
+            clash = [n for n in names if n in present]
+            if clash:
+                raise CniError(Code.MOVE_FAILED,
+                               f"the pod's network namespace already has an interface named "
+                               f"{clash[0]!r}", "nothing was moved")
             # The record is on disk before anything moves: after a crash at any later point,
             # DEL (which a runtime sends after a failed ADD) has all it needs.
             self.store.save(rec)
@@ -249,20 +218,19 @@ class Plugin:
                             for i in range(len(rec.devices)))
                 if early:
                     pending = self._start_ipam(call, conf, rec)
-                with pod_ns.links() as pod:
-                    links = self._move_in(host, staging, tmp, pod, pod_ns, rec, conf)
-                    if not early:
-                        pending = self._start_ipam(call, conf, rec)
-                    ipams = self._finish_ipam(pending, rec)
-                    for d, ipam in zip(rec.devices, ipams, strict=True):
-                        if ipam is not None:
-                            self._configure_ips(pod, links[d.ifname], ipam)
+                links = self._move_in(host, pod, pod_ns, rec, conf)
+                if not early:
+                    pending = self._start_ipam(call, conf, rec)
+                ipams = self._finish_ipam(pending, rec)
+                for d, ipam in zip(rec.devices, ipams, strict=True):
+                    if ipam is not None:
+                        self._configure_ips(pod, links[d.ifname], ipam)
                 self._write_device_info(call, conf, rec)
                 rec.state = "added"
                 self.store.save(rec)
             except BaseException as e:
                 wait([f for f in pending if f is not None])  # IPAM DEL only after its ADD
-                problems = self._teardown(rec, pod_ns, call.path, host, (tmp, staging))
+                problems = self._teardown(rec, pod_ns, call.path, host, pod)
                 if problems:
                     self.store.save(rec)  # DEL finishes what the rollback could not
                 else:
@@ -315,30 +283,21 @@ class Plugin:
             pci=pci, kind=nic.kind, ifname=name, original_name=link.name,
             original_mac=link.mac, original_mtu=link.mtu, original_up=link.up, mac_set=ifc.mac,
             rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
+            transit_name=transit_name(),
         )
 
-    def _move_in(self, host: Links, staging: Links, tmp: Netns, pod: Links, pod_ns: Netns,
-                 rec: AttachmentRecord, conf: NetConf) -> dict[str, Link]:
-        """host → temporary netns (rename, MTU, MAC there) → pod; bring each link up."""
-        for d in rec.devices:
+    def _move_in(self, host: Links, pod: Links, pod_ns: Netns, rec: AttachmentRecord,
+                 conf: NetConf) -> dict[str, Link]:
+        """Each device host → pod under its transit name, then named, configured and up."""
+        out = {}
+        for i, d in enumerate(rec.devices):
             if d.rdma_device and self.rdma_mode == "exclusive":
                 # Before the netdev: an IPoIB netdev may only follow its RDMA device.
                 self.rdma.move(d.rdma_device, self.host, pod_ns)
                 d.rdma_moved = True
                 self.store.save(rec)
-            link = host.get(d.original_name)
-            if link is None:
-                raise CniError(Code.DEVICE_UNAVAILABLE,
-                               f"{d.pci} ({d.original_name}) left the host namespace")
-            host.move(link, tmp)
-        for i, d in enumerate(rec.devices):
             ifc = conf.interface(i)
-            link = staging.set(need(staging, d.original_name), name=d.ifname,
-                               mtu=ifc.mtu, mac=ifc.mac)
-            staging.move(link, pod_ns)
-        out = {}
-        for d in rec.devices:
-            out[d.ifname] = pod.set(need(pod, d.ifname), up=True)
+            out[d.ifname] = move_in(host, pod, pod_ns, d, mtu=ifc.mtu, mac=ifc.mac)
         return out
 
     def _start_ipam(self, call: Call, conf: NetConf,
@@ -422,27 +381,29 @@ class Plugin:
     # ------------------------------------------------------------------ putting back
 
     def _teardown(self, rec: AttachmentRecord, pod_ns: Netns | None, path: tuple[str, ...],
-                  host: Links | None = None,
-                  stage: tuple[Netns, Links] | None = None) -> Problems:
+                  host: Links | None = None, pod: Links | None = None) -> Problems:
         """Every device back in the host under its original name, MAC and MTU; IPAM released.
 
-        Works from whatever state a crash left: each device is looked for in the pod, in the
-        temporary namespace, in the host under its original name, or wherever sysfs says its
-        netdev is now.
+        Works from whatever state a crash left: each device is looked for in the pod (pod or
+        transit name), in the host under its transit name, or wherever sysfs says its netdev
+        is now.
         """
         problems = Problems()
+        if any(d.transit_name is None for d in rec.devices):
+            # A record written before transit names: choose them, on disk before any use.
+            for d in rec.devices:
+                d.transit_name = d.transit_name or transit_name()
+            self.store.save(rec)
         # IPAM DEL runs while the devices move back (both are slow, neither needs the other).
         releases = self._release_ipam(rec, path or tuple(rec.cni_path))
         with contextlib.ExitStack() as stack:
             if host is None:
                 host = stack.enter_context(self.host.links())
-            if stage is None:
-                stage = stack.enter_context(self._staging())
-            pod = stack.enter_context(pod_ns.links()) if pod_ns is not None else None
+            if pod is None and pod_ns is not None:
+                pod = stack.enter_context(pod_ns.links())
             for d in reversed(rec.devices):
-                put_back(d, pod=pod, staging=stage[1], tmp=stage[0], host=host,
-                         host_ns=self.host, sysfs_root=self.settings.sysfs_root,
-                         problems=problems)
+                put_back(d, pod=pod, host=host, host_ns=self.host,
+                         sysfs_root=self.settings.sysfs_root, problems=problems)
                 if d.rdma_moved:
                     self._rdma_back(d, pod_ns, problems)
         for d, f in releases:
