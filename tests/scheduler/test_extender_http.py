@@ -330,3 +330,57 @@ def test_a_bind_whose_caller_goes_away_still_finishes_its_record_or_rolls_back(f
         assert "API server unavailable" in retried and held == 0
     else:
         assert retried == "" and held == 1 and [p.uid for p in writer.bound] == ["u1"]
+
+
+def test_a_bind_naming_another_pod_than_filter_saw_for_the_uid_is_refused():
+    ext = extender()
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1", gpus=2, vfs=2), NAMES))
+        other = {**bind_args("u1", "dgx-h100-000"), "PodName": "someone-else"}
+        refused = await post(s, f"{url}/bind", other)
+        right = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        return refused, right
+
+    refused, right = run(scenario, ext)
+    assert "filter saw UID u1 as pod default/pod-u1" in refused[1]["Error"]
+    assert right == (200, {"Error": ""})
+    (held,) = ext.state.pods()
+    assert (held.namespace, held.name) == ("default", "pod-u1")
+
+
+class GatedReleases:
+    """A state file whose release is recorded only when the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.released: list[str] = []
+
+    async def release(self, uid: str) -> None:
+        await self.gate.wait()
+        self.released.append(uid)
+
+
+def test_a_bind_arriving_while_its_pods_release_is_recorded_waits_and_binds_afresh():
+    # Before, the bind answered "bound" from the record about to go, and the release then
+    # freed the devices under it: a bound pod holding nothing.
+    releases = GatedReleases()
+    ext = extender(state_file=releases)
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1", gpus=2, vfs=2), NAMES))
+        await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        delete = asyncio.ensure_future(s.delete(f"{url}/pods/u1"))
+        await asyncio.sleep(0.05)
+        rebind = asyncio.ensure_future(post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000")))
+        await asyncio.sleep(0.05)
+        waited = not rebind.done()
+        releases.gate.set()
+        async with await delete as r:
+            deleted = r.status
+        return waited, deleted, await rebind
+
+    waited, deleted, rebound = run(scenario, ext)
+    assert waited and deleted == 200 and releases.released == ["u1"]
+    assert rebound == (200, {"Error": ""})
+    assert ext.state.pod("u1") is not None and len(ext.state.ledger("dgx-h100-000")) == 1

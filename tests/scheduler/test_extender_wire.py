@@ -57,6 +57,13 @@ def test_preemption_args_in_both_forms():
         victim_uids(Victims(Pods=[{"metadata": {}}]), "x")
 
 
+@pytest.mark.parametrize("form", ["NodeNameToMetaVictims", "NodeNameToVictims"])
+def test_a_negative_pdb_violation_count_is_refused_with_its_path(form):
+    body = {"Pod": pod("u"), form: {"n1": {"Pods": [], "NumPDBViolations": -1}}}
+    with pytest.raises(WireError, match=rf">= 0 - at `\$.{form}\[...\].NumPDBViolations`"):
+        decode(json.dumps(body).encode(), ExtenderPreemptionArgs)
+
+
 @pytest.mark.parametrize("body, message", [
     (b"{", "malformed JSON"),
     (b"[]", "Expected `object`"),

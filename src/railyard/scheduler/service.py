@@ -111,6 +111,9 @@ class Extender:
         # Binds whose writes are in flight, by UID: a retry of the same bind waits for the
         # first one's outcome instead of allocating twice.
         self._inflight: dict[str, asyncio.Task[str]] = {}
+        # Releases being recorded, by UID: a bind waits for one, so it never answers "already
+        # bound" for devices about to be freed.
+        self._releasing: dict[str, asyncio.Future[None]] = {}
         self.metrics.pods.set(len(state.pods()))
 
     def app(self) -> web.Application:
@@ -196,6 +199,9 @@ class Extender:
         """Bind one pod; the empty string on success, else the error for kube-scheduler."""
         uid = args.PodUID
         who = f"pod {args.PodNamespace}/{args.PodName} ({uid})"
+        releasing = self._releasing.get(uid)
+        if releasing is not None:
+            await asyncio.shield(releasing)
         pending = self._inflight.get(uid)
         if pending is not None:
             error = await asyncio.shield(pending)
@@ -213,6 +219,11 @@ class Extender:
             self.metrics.failure("bind", m.NOT_SEEN)
             return (f"{who} was not seen in a filter call (extender restarted?); "
                     "kube-scheduler will retry")
+        if (facts.namespace, facts.name) != (args.PodNamespace, args.PodName):
+            # The record would name one pod and hold devices for another's request.
+            self.metrics.failure("bind", m.BAD_REQUEST)
+            return (f"cannot bind {who}: filter saw UID {uid} as pod "
+                    f"{facts.namespace}/{facts.name}")
         if args.Node not in self.state:
             self.metrics.failure("bind", m.UNKNOWN_NODE)
             return f"cannot bind {who}: node {args.Node!r} is not known to Railyard"
@@ -318,16 +329,24 @@ class Extender:
             pending = self._inflight.get(uid)
             if pending is not None:
                 await asyncio.shield(pending)  # the release must follow the bind's record
+            while (releasing := self._releasing.get(uid)) is not None:
+                await asyncio.shield(releasing)  # one release at a time per pod
             pod = self.state.pod(uid)
             if pod is None:
                 return _json({"error": f"no pod with uid {uid!r} holds Railyard devices"}, 404)
-            if self.state_file is not None:
-                try:
-                    await self.state_file.release(uid)
-                except Exception as e:  # nothing freed: the record still says it is held
-                    log.warning("recording the release of %s failed: %s", uid, e)
-                    return _json({"error": f"recording the release failed: {e}"}, 503)
-            self.state.release(uid)
+            done = asyncio.get_running_loop().create_future()
+            self._releasing[uid] = done
+            try:
+                if self.state_file is not None:
+                    try:
+                        await self.state_file.release(uid)
+                    except Exception as e:  # nothing freed: the record still says it is held
+                        log.warning("recording the release of %s failed: %s", uid, e)
+                        return _json({"error": f"recording the release failed: {e}"}, 503)
+                self.state.release(uid)
+            finally:
+                del self._releasing[uid]
+                done.set_result(None)
             self.metrics.pods.set(self.state.pod_count())
             return _json({"released": pod_to_json(pod)})
         finally:

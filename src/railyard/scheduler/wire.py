@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -39,14 +39,18 @@ class MetaPod(msgspec.Struct):
     UID: str
 
 
+# A count of PodDisruptionBudgets a preemption would violate: never negative.
+PdbViolations = Annotated[int, msgspec.Meta(ge=0)]
+
+
 class MetaVictims(msgspec.Struct):
     Pods: list[MetaPod] | None = None
-    NumPDBViolations: int = 0
+    NumPDBViolations: PdbViolations = 0
 
 
 class Victims(msgspec.Struct):
     Pods: list[dict[str, Any]] | None = None
-    NumPDBViolations: int = 0
+    NumPDBViolations: PdbViolations = 0
 
 
 class ExtenderPreemptionArgs(msgspec.Struct):
