@@ -193,7 +193,8 @@ def installed_shim(folder: Path) -> Path:
 
 def standalone_env(node: Node) -> dict[str, str]:
     """The runtime-side settings standalone mode reads from its environment."""
-    return {"RAILYARD_CNI_SYSFS_ROOT": str(node.sysfs), "RAILYARD_CNI_HOST_NETNS": node.host_path,
+    return {"RAILYARD_CNI_STATE_DIR": str(node.state_dir),
+            "RAILYARD_CNI_SYSFS_ROOT": str(node.sysfs), "RAILYARD_CNI_HOST_NETNS": node.host_path,
             "RAILYARD_CNI_DEVINFO_DIR": str(node.devinfo), "RAILYARD_CNI_POD_RESOURCES": "",
             "RAILYARD_CNI_NODE_NAME": NODE}
 

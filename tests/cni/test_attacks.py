@@ -339,3 +339,23 @@ def test_standalone_trusts_only_records_for_its_own_node_name(node: Node, shim):
     assert node.snapshot() == before and links(pod.netns) == {}
     r = add(shim, pod, c, extra_env=standalone_env(node))
     assert r.code == 0 and set(links(pod.netns)) == {"net1"}
+
+
+def test_standalone_refuses_a_state_folder_the_config_names_instead_of_the_nodes(
+        node: Node, shim, eth0, tmp_path):
+    """A config author who can leave files on the node (an emptyDir is a host folder) must not
+    be able to point standalone mode at records of their own making."""
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    forged, _ = forged_node(tmp_path, pod, nic.pci_address)  # grants the eth0 PF to the pod
+    before = node.snapshot()
+    c = {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni", "standalone": True,
+         "stateDir": str(forged)}
+    r = add(shim, pod, c, extra_env=standalone_env(node))
+    assert r.error == 7 and "RAILYARD_CNI_STATE_DIR" in r.out["msg"], r.out
+    assert node.snapshot() == before and links(pod.netns) == {}
+    # Without stateDir, standalone uses the node's own folder: the pod's real grant.
+    del c["stateDir"]
+    r = add(shim, pod, c, extra_env=standalone_env(node))
+    assert r.code == 0, r.out
+    assert eth0 in node.snapshot() and set(links(pod.netns)) == {"net1"}

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from railyard.cni.plugin import Plugin, Settings
 from railyard.cni.service import RunningService, build_plugin, start
+from railyard.cni.spec import CniError
 
 
 @pytest.fixture(scope="module")
@@ -74,9 +75,20 @@ def test_invalid_config_names_the_key(shim, good, change, code, word):
     assert word in r.out["msg"] + r.out.get("details", "")
 
 
-def test_standalone_without_a_state_dir_is_invalid(shim):
-    r = call(shim, {"cniVersion": "1.0.0", "name": "n", "type": "t", "standalone": True})
-    assert r.error == 7 and "stateDir" in r.out["msg"]
+def test_standalone_takes_its_state_folder_from_the_environment_never_the_config(tmp_path):
+    from railyard.cni.standalone import node_state_dir
+
+    own = tmp_path / "state"
+    own.mkdir()
+    env = {"RAILYARD_CNI_STATE_DIR": str(own)}
+    assert node_state_dir(None, env) == str(own)
+    assert node_state_dir(f"{own}/", env) == str(own)  # the same folder, spelt differently
+    (tmp_path / "link").symlink_to(own)
+    assert node_state_dir(str(tmp_path / "link"), env) == str(own)
+    with pytest.raises(CniError) as e:
+        node_state_dir(str(tmp_path / "forged"), env)
+    assert e.value.code == 7 and "RAILYARD_CNI_STATE_DIR" in e.value.msg
+    assert node_state_dir(None, {}) == "/var/lib/railyard"  # the agent's default
 
 
 @pytest.mark.parametrize("env, word", [
@@ -185,7 +197,8 @@ def test_standalone_with_a_missing_host_netns_answers_code_5_not_a_traceback(shi
             "stateDir": str(tmp_path / "state")}
     r = run_shim(shim, "ADD", conf, **GOOD_ENV,
                  extra_env={"RAILYARD_CNI_HOST_NETNS": str(tmp_path / "no-such-netns"),
-                            "RAILYARD_CNI_POD_RESOURCES": ""})
+                            "RAILYARD_CNI_POD_RESOURCES": "",
+                            "RAILYARD_CNI_STATE_DIR": str(tmp_path / "state")})
     assert r.code == 1 and r.error == 5
     assert "RAILYARD_CNI_HOST_NETNS" in r.out["msg"]
     assert "Traceback" not in r.stderr

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from railyard.agent import DEFAULT_STATE_DIR
 from railyard.agent.config import AgentConfig
 from railyard.agent.pods import PodSource
 from railyard.agent.state import StateStore
@@ -43,7 +44,7 @@ class AgentOptions:
     node_name: str
     sysfs_root: str = "/"
     kubelet_dir: str = "/var/lib/kubelet"
-    state_dir: str = "/var/lib/railyard"
+    state_dir: str = DEFAULT_STATE_DIR
     cni_socket: str | None = None
 
 

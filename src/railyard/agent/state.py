@@ -225,7 +225,6 @@ class _Flusher:
         self.flush()
 
 
-
 class StateStore:
     """One folder of pod records; every change is atomic and serialised by a file lock."""
 

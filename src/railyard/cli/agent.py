@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from railyard.agent import DEFAULT_STATE_DIR
 from railyard.cli.app import app, fail
 
 
@@ -28,7 +29,7 @@ def agent(
     ] = Path("/var/lib/kubelet"),
     state_dir: Annotated[Path, typer.Option(
         "--state-dir", metavar="DIR", help="The node-local state store.")
-    ] = Path("/var/lib/railyard"),
+    ] = Path(DEFAULT_STATE_DIR),
     config: Annotated[Path | None, typer.Option(
         "--config", metavar="FILE",
         help="Agent config (JSON or YAML): resource names, pools, plugins; see docs/agent.md.")

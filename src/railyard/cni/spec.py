@@ -363,8 +363,6 @@ def parse_netconf(data: Mapping[str, Any]) -> NetConf:
     state_dir = _opt_str(data, "stateDir")
     if state_dir is not None and not state_dir.startswith("/"):
         raise _bad(f"stateDir: expected an absolute path, got {state_dir!r}")
-    if standalone and not state_dir:
-        raise _bad("stateDir: required with \"standalone\": true")
     for key in ("agentSocket",):
         v = _opt_str(data, key)
         if v is not None and not v.startswith("/"):

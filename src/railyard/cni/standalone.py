@@ -1,9 +1,11 @@
 """Standalone mode: the shim does the work itself, in its own process, with no agent.
 
-Chosen by `"standalone": true` and a `stateDir` (the node state store) in the network config;
-for tests and small installs. Node-side settings come from the plugin's environment, which
-the runtime's owner sets and a network-config author cannot:
-`RAILYARD_CNI_SYSFS_ROOT` (default /), `RAILYARD_CNI_HOST_NETNS` (default: our own netns),
+Chosen by `"standalone": true` in the network config; for tests and small installs. Node-side
+settings come from the plugin's environment, which the runtime's owner sets and a
+network-config author cannot: `RAILYARD_CNI_STATE_DIR` (the node state store; default the
+agent's, /var/lib/railyard — a config's `stateDir` must name that same folder, since whoever
+can leave files on the node could otherwise grant a pod any device), `RAILYARD_CNI_SYSFS_ROOT`
+(default /), `RAILYARD_CNI_HOST_NETNS` (default: our own netns),
 `RAILYARD_CNI_DEVINFO_DIR` (default Multus's), `RAILYARD_CNI_POD_RESOURCES` (kubelet's socket;
 empty: do not ask kubelet), `RAILYARD_CNI_NODE_NAME` (the node whose records are trusted;
 default the hostname, kubelet's own default node name).
@@ -12,8 +14,10 @@ default the hostname, kubelet's own default node name).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 
+from railyard.agent import DEFAULT_STATE_DIR
 from railyard.agent.state import StateError
 from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET, NODE_NAME_ENV, default_node_name
 from railyard.cni.netns import NetnsError
@@ -27,6 +31,19 @@ from railyard.cni.spec import (
     parse_netconf,
     reply_version,
 )
+
+STATE_DIR_ENV = "RAILYARD_CNI_STATE_DIR"
+
+
+def node_state_dir(configured: str | None, env: Mapping[str, str]) -> str:
+    """The node's state folder; a config may repeat it, never choose another."""
+    own = env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+    if configured is not None and os.path.realpath(configured) != os.path.realpath(own):
+        raise CniError(Code.INVALID_CONFIG,
+                       f"stateDir {configured} is not this node's state folder "
+                       f"({STATE_DIR_ENV}={own}); standalone mode reads only the node's own",
+                       "nothing was moved")
+    return own
 
 
 def plugin_from_env(state_dir: str, env: Mapping[str, str]) -> Plugin:
@@ -50,11 +67,11 @@ def run(env: Mapping[str, str], stdin: bytes) -> tuple[int, bytes, bytes]:
         data = load_config(stdin)
         version = reply_version(data)
         conf = parse_netconf(data)
-        assert conf.state_dir is not None  # parse_netconf requires it with standalone
+        state_dir = node_state_dir(conf.state_dir, env)
         try:
-            plugin = plugin_from_env(conf.state_dir, env)
+            plugin = plugin_from_env(state_dir, env)
         except StateError as e:
-            raise CniError(Code.IO, f"stateDir: {e}") from None
+            raise CniError(Code.IO, f"{STATE_DIR_ENV}: {e}") from None
         except NetnsError as e:  # only RAILYARD_CNI_HOST_NETNS names a namespace here
             raise CniError(Code.IO, f"RAILYARD_CNI_HOST_NETNS: {e.strerror}") from None
         except (OSError, RdmaError) as e:  # the node cannot serve the call; never a traceback
