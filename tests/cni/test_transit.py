@@ -30,7 +30,9 @@ def record_path(node: Node, pod: Pod) -> Path:
 
 
 def transit_names(node: Node, pod: Pod) -> list[str]:
-    return [d["transit_name"] for d in json.loads(record_path(node, pod).read_text())["devices"]]
+    """The last transit name each device crossed (or will cross) under."""
+    return [d["transit_names"][-1]
+            for d in json.loads(record_path(node, pod).read_text())["devices"]]
 
 
 def added_pod(node: Node, shim: Path, conf: dict, count: int = 2) -> tuple[Pod, dict]:
@@ -75,7 +77,7 @@ def test_del_of_a_record_without_transit_names_still_restores_the_host(node: Nod
     path = record_path(node, pod)
     rec = json.loads(path.read_text())
     for d in rec["devices"]:
-        del d["transit_name"]
+        del d["transit_names"], d["pod_index"], d["original_parent"], d["original_altnames"]
     path.write_text(json.dumps(rec))
     assert delete(shim, pod, conf()).code == 0
     assert node.snapshot() == before

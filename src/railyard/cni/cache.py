@@ -39,9 +39,12 @@ class MovedDevice(msgspec.Struct, kw_only=True):
     original_mtu: int
     original_up: bool
     mac_set: str | None = None  # the MAC ADD gave it, if the config asked for one
-    # The node-unique name it carries while it crosses between namespaces (chosen before
-    # anything moves, so a crash mid-move leaves a name DEL knows). None in older records.
-    transit_name: str | None = None
+    original_parent: str | None = None  # the netdev's parent device (its PCI address) at ADD
+    original_altnames: list[str] = msgspec.field(default_factory=list)
+    # Names it crosses between namespaces under, each chosen at random and recorded before
+    # use: ADD's first, then a fresh one per DEL attempt (the last few), newest last.
+    transit_names: list[str] = msgspec.field(default_factory=list)
+    pod_index: int | None = None  # its ifindex in the pod once ADD named it there
     rdma_device: str | None = None
     rdma_moved: bool = False
     ipam_type: str | None = None

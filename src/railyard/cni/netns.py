@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import (
+    RTM_DELLINKPROP,
     RTM_GETADDR,
     RTM_GETLINK,
     RTM_NEWADDR,
@@ -144,12 +145,16 @@ class Link:
     mtu: int
     up: bool
     parent: str | None  # IFLA_PARENT_DEV_NAME: the PCI address of a real NIC's netdev
+    # Alternative names: they travel with the device, and a lookup by name matches them too.
+    altnames: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, msg: ifinfmsg) -> Link:
+        props = msg.get_attr("IFLA_PROP_LIST")
+        altnames = tuple(props.get_attrs("IFLA_ALT_IFNAME")) if props else ()
         return cls(msg["index"], msg.get_attr("IFLA_IFNAME"), msg.get_attr("IFLA_ADDRESS"),
                    msg.get_attr("IFLA_MTU"), bool(msg["flags"] & IFF_UP),
-                   msg.get_attr("IFLA_PARENT_DEV_NAME"))
+                   msg.get_attr("IFLA_PARENT_DEV_NAME"), altnames)
 
 
 class Links:
@@ -216,8 +221,13 @@ class Links:
 
     def names(self) -> list[str]:
         """Every link's name, in index order."""
-        return [m.get_attr("IFLA_IFNAME")
-                for m in self._request(ifinfmsg(), RTM_GETLINK, NLM_F_DUMP)]
+        return [link.name for link in self.all()]
+
+    def all(self) -> list[Link]:
+        """Every link, in index order."""
+        msg = ifinfmsg()
+        msg["attrs"] = [("IFLA_EXT_MASK", _RTEXT_FILTER_SKIP_STATS)]
+        return [Link.of(m) for m in self._request(msg, RTM_GETLINK, NLM_F_DUMP)]
 
     def get(self, name: str) -> Link | None:
         msg = ifinfmsg()
@@ -232,8 +242,9 @@ class Links:
 
     def set(self, link: Link, *, name: str | None = None, mtu: int | None = None,
             mac: str | None = None, up: bool | None = None) -> Link:
-        """One request with every change (the kernel renames only a link that is down);
-        returns the link as it now is."""
+        """One request with every change; returns the link as it now is. Not atomic: the
+        kernel applies MAC and MTU before the name, and keeps them if the rename fails. Older
+        kernels rename only a link that is down."""
         msg = ifinfmsg()
         msg["index"] = link.index
         attrs = []
@@ -250,7 +261,18 @@ class Links:
         msg["attrs"] = attrs
         self._do("set", link.name, msg, RTM_NEWLINK)
         return Link(link.index, name or link.name, (mac or link.mac),
-                    mtu or link.mtu, link.up if up is None else up, link.parent)
+                    mtu or link.mtu, link.up if up is None else up, link.parent, link.altnames)
+
+    def drop_altnames(self, link: Link, names: list[str]) -> Link:
+        """Remove these alternative names from the link (RTM_DELLINKPROP)."""
+        if not names:
+            return link
+        msg = ifinfmsg()
+        msg["index"] = link.index
+        msg["attrs"] = [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", n) for n in names]})]
+        self._do(f"drop altnames {', '.join(names)} of", link.name, msg, RTM_DELLINKPROP)
+        return Link(link.index, link.name, link.mac, link.mtu, link.up, link.parent,
+                    tuple(a for a in link.altnames if a not in names))
 
     def down(self, link: Link) -> Link:
         return self.set(link, up=False)

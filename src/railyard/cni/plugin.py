@@ -25,9 +25,24 @@ from railyard.cni import devices
 from railyard.cni.cache import AttachmentRecord, CniStore, InUse, MovedDevice
 from railyard.cni.grants import Grant, Grants, PodDevices, confirm
 from railyard.cni.ipam import Ipam, IpamCall
-from railyard.cni.netns import Link, LinkError, Links, Netns, NetnsError, netns_identity
+from railyard.cni.netns import (
+    Link,
+    LinkError,
+    Links,
+    NetlinkFailure,
+    Netns,
+    NetnsError,
+    netns_identity,
+)
 from railyard.cni.rdma import RdmaError, RdmaNetns
-from railyard.cni.restore import Problems, move_in, owns, put_back, transit_name
+from railyard.cni.restore import (
+    Problems,
+    fresh_transit_name,
+    move_in,
+    owns,
+    put_back,
+    transit_name,
+)
 from railyard.cni.spec import (
     LATEST_VERSION,
     SUPPORTED_VERSIONS,
@@ -283,7 +298,8 @@ class Plugin:
             pci=pci, kind=nic.kind, ifname=name, original_name=link.name,
             original_mac=link.mac, original_mtu=link.mtu, original_up=link.up, mac_set=ifc.mac,
             rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
-            transit_name=transit_name(),
+            original_parent=link.parent, original_altnames=list(link.altnames),
+            transit_names=[transit_name()],
         )
 
     def _move_in(self, host: Links, pod: Links, pod_ns: Netns, rec: AttachmentRecord,
@@ -298,6 +314,7 @@ class Plugin:
                 self.store.save(rec)
             ifc = conf.interface(i)
             out[d.ifname] = move_in(host, pod, pod_ns, d, mtu=ifc.mtu, mac=ifc.mac)
+            d.pod_index = out[d.ifname].index  # on disk with the record's next save
         return out
 
     def _start_ipam(self, call: Call, conf: NetConf,
@@ -384,16 +401,14 @@ class Plugin:
                   host: Links | None = None, pod: Links | None = None) -> Problems:
         """Every device back in the host under its original name, MAC and MTU; IPAM released.
 
-        Works from whatever state a crash left: each device is looked for in the pod (pod or
-        transit name), in the host under its transit name, or wherever sysfs says its netdev
-        is now.
+        Works from whatever state a crash (or the pod) left: each device is looked for among
+        the pod's links by identity, in the host under a transit or fallback name, or wherever
+        sysfs says its netdev is now.
         """
         problems = Problems()
-        if any(d.transit_name is None for d in rec.devices):
-            # A record written before transit names: choose them, on disk before any use.
-            for d in rec.devices:
-                d.transit_name = d.transit_name or transit_name()
-            self.store.save(rec)
+        for d in rec.devices:
+            fresh_transit_name(d)
+        self.store.save(rec)  # this attempt's names, on disk before any is used
         # IPAM DEL runs while the devices move back (both are slow, neither needs the other).
         releases = self._release_ipam(rec, path or tuple(rec.cni_path))
         with contextlib.ExitStack() as stack:
@@ -401,8 +416,10 @@ class Plugin:
                 host = stack.enter_context(self.host.links())
             if pod is None and pod_ns is not None:
                 pod = stack.enter_context(pod_ns.links())
+            pod_links = self._links_or_none(pod, problems)
             for d in reversed(rec.devices):
-                put_back(d, pod=pod, host=host, host_ns=self.host,
+                put_back(d, pod=pod if pod_links is not None else None,
+                         pod_links=pod_links or [], host=host, host_ns=self.host,
                          sysfs_root=self.settings.sysfs_root, problems=problems)
                 if d.rdma_moved:
                     self._rdma_back(d, pod_ns, problems)
@@ -418,6 +435,18 @@ class Plugin:
                     os.unlink(d.device_info_path)
                 d.device_info_path = None
         return problems
+
+    @staticmethod
+    def _links_or_none(pod: Links | None, problems: Problems) -> list[Link] | None:
+        """The pod's links, one dump for every device; None (and a problem, so DEL is retried
+        rather than answered) when the pod's namespace cannot be listed."""
+        if pod is None:
+            return None
+        try:
+            return pod.all()
+        except (NetlinkFailure, OSError) as e:
+            problems.add(f"listing the links of {pod.netns.label}: {e}")
+            return None
 
     def _rdma_back(self, d: MovedDevice, pod_ns: Netns | None, problems: Problems) -> None:
         if pod_ns is None:
@@ -472,6 +501,11 @@ class Plugin:
 
     def _delete_record(self, rec: AttachmentRecord, path: tuple[str, ...]) -> None:
         with self.store.locked([d.pci for d in rec.devices], self.settings.lock_timeout_s):
+            # Read again under the locks: an ADD still running when this call read the record
+            # has since finished it (its IPAM calls, its device-info files), or a DEL has.
+            rec = self.store.load(rec.network, rec.container_id, rec.ifname)
+            if rec is None:
+                return
             pod_ns = self._open_recorded(rec)
             try:
                 problems = self._teardown(rec, pod_ns, path)
@@ -515,7 +549,7 @@ class Plugin:
                 link = pod.get(d.ifname)
                 if link is None:
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} ({d.pci}) is not in the pod")
-                if not owns(link, d):
+                if not owns(link, d, in_pod=True):
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} is not {d.pci}")
                 if not link.up:
                     raise CniError(Code.CHECK_FAILED, f"{d.ifname} is down")

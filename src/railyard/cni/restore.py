@@ -1,17 +1,17 @@
 """Moving a device between the host and a pod under a transit name, and putting it back from
-wherever a call or a crash left it.
+wherever a call, a crash or the pod itself left it.
 
-A device crosses namespaces under its transit name (`ry` + 12 random hex digits, chosen and
-recorded before anything moves): renamed where it is, moved, renamed where it lands. A move
-whose name is taken in the target fails without moving anything, so a clash cannot leave a
-device half-moved, and the kernel pays one move per crossing (decision 0047).
+A device crosses namespaces under a transit name (`ry` + 12 random hex digits) recorded before
+it is used: renamed where it is, moved, renamed where it lands. A move whose name is taken in
+the target fails without moving anything, so a clash cannot leave a device half-moved, and the
+kernel pays one move per crossing (decision 0047). ADD's transit name is seen by the pod as the
+device arrives, so every DEL attempt crosses under a fresh one: a pod cannot squat it.
 
-A device may therefore be in the pod (under its pod name or its transit name), in the host
-under its transit name, or in the host under whatever name sysfs gives it (never moved; or
-returned by the kernel when its namespace died).
-A link found by name is taken as ours only if it is: the kernel names a real NIC's parent PCI
-device, and a device without one must carry the MAC recorded for it. Used by ADD, DEL, GC and
-the rollback of a failed ADD.
+Devices are recognised by identity, never by name alone — a pod may rename its links, create
+new ones under any free name and add alternative names: a link is ours if the kernel names our
+PCI function as its parent; a link without a parent is never a device that had one; failing
+both (veths standing in for VFs in tests), in the pod it must carry the ifindex ADD left it
+with, and elsewhere the MAC recorded for it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from railyard.cni.cache import MovedDevice
 from railyard.cni.netns import Link, LinkError, Links, Netns
 
 log = logging.getLogger(__name__)
+_DEL_NAMES_KEPT = 3  # transit names of past DEL attempts a record keeps, besides ADD's
 
 
 @dataclass
@@ -42,10 +43,14 @@ class Problems:
         return bool(self.items)
 
 
-def owns(link: Link, d: MovedDevice) -> bool:
-    """Is this link the recorded device, not another that took its name?"""
+def owns(link: Link, d: MovedDevice, *, in_pod: bool) -> bool:
+    """Is this link the recorded device, not another that took its name or its MAC?"""
     if link.parent is not None:
         return link.parent == d.pci
+    if d.original_parent is not None:
+        return False  # the device has a parent; a pod's veth or macvlan never does
+    if in_pod and d.pod_index is not None:
+        return link.index == d.pod_index
     mac = (link.mac or "").lower()
     return mac in {(d.original_mac or "").lower(), (d.mac_set or "").lower()} - {""}
 
@@ -60,6 +65,12 @@ def fallback_name(pci: str) -> str:
     return ("ry" + pci.replace(":", "").replace(".", ""))[-15:]
 
 
+def fresh_transit_name(d: MovedDevice) -> None:
+    """Give a DEL attempt a name of its own; the caller records it before it is used."""
+    kept = [*d.transit_names[1:], transit_name()][-_DEL_NAMES_KEPT:]
+    d.transit_names = [*d.transit_names[:1], *kept]
+
+
 def need(links: Links, name: str) -> Link:
     link = links.get(name)
     if link is None:
@@ -67,41 +78,43 @@ def need(links: Links, name: str) -> Link:
     return link
 
 
-def cross(source: Links, link: Link, name: str, target: Netns, *, mtu: int | None = None,
-          mac: str | None = None) -> None:
-    """Rename `link` to `name` where it is (setting MTU/MAC on the way), then move it to
-    `target`. Either step failing leaves it in `source`, where the caller's undo finds it."""
-    if link.up and link.name != name:
-        link = source.down(link)  # the kernel renames only a link that is down
-    link = source.set(link, name=name, mtu=mtu, mac=mac)
-    source.move(link, target)
-
-
 def move_in(host: Links, pod: Links, pod_ns: Netns, d: MovedDevice, *, mtu: int | None,
             mac: str | None) -> Link:
     """host (original name) → pod (pod name), up; MTU and MAC as configured."""
-    assert d.transit_name is not None
     link = host.get(d.original_name)
-    if link is None or not owns(link, d):
+    if link is None or link.name != d.original_name or not owns(link, d, in_pod=False):
         raise LinkError("find", f"{d.original_name} ({d.pci}) in the host", errno.ENODEV,
                         "left the host namespace")
-    cross(host, link, d.transit_name, pod_ns, mtu=mtu, mac=mac)
-    return pod.set(need(pod, d.transit_name), name=d.ifname, up=True)
+    name = d.transit_names[-1]
+    if link.up:
+        link = host.down(link)  # older kernels rename only a link that is down
+    host.move(host.set(link, name=name, mtu=mtu, mac=mac), pod_ns)
+    return pod.set(need(pod, name), name=d.ifname, up=True)
 
 
-def put_back(d: MovedDevice, *, pod: Links | None, host: Links, host_ns: Netns,
-             sysfs_root: str, problems: Problems) -> None:
+def find_in_pod(pod_links: list[Link], d: MovedDevice) -> Link | None:
+    """The device among the pod's links, whatever the pod renamed it to."""
+    known = {d.ifname, *d.transit_names, fallback_name(d.pci)}
+    mine = [link for link in pod_links if owns(link, d, in_pod=True)]
+    mine.sort(key=lambda link: link.name not in known)  # by MAC alone: prefer a known name
+    return mine[0] if mine else None
+
+
+def put_back(d: MovedDevice, *, pod: Links | None, pod_links: list[Link], host: Links,
+             host_ns: Netns, sysfs_root: str, problems: Problems) -> None:
     """Return one device to the host; what cannot be done goes to `problems`."""
-    assert d.transit_name is not None
     try:
         if pod is not None:
-            for name in (d.ifname, d.transit_name):
-                found = pod.get(name)
-                if found is not None and owns(found, d):
-                    _leave_pod(pod, found, d, host_ns)
-                    break
-        home = host.get(d.transit_name)
-        if home is None or not owns(home, d):
+            link = find_in_pod(pod_links, d)
+            if link is not None:
+                _leave_pod(pod, link, d, host_ns)
+        home = None
+        for name in (*reversed(d.transit_names), fallback_name(d.pci)):
+            found = host.get(name)
+            if found is not None and found.name == name and owns(found, d, in_pod=False):
+                home = found
+                break
+        if home is None:
             now = devices.netdev_of(sysfs_root, d.pci)
             home = host.get(now) if now else None
             if home is not None and home.parent not in (None, d.pci):
@@ -116,20 +129,26 @@ def put_back(d: MovedDevice, *, pod: Links | None, host: Links, host_ns: Netns,
 
 
 def _leave_pod(pod: Links, link: Link, d: MovedDevice, host_ns: Netns) -> None:
-    assert d.transit_name is not None
+    # Names the pod gave it would follow it home, where a lookup by name matches them.
+    link = pod.drop_altnames(link, [a for a in link.altnames if a not in d.original_altnames])
+    if link.up:
+        link = pod.down(link)
+    # A failed rename (the pod holds the name) is a problem for this attempt only: the next
+    # DEL crosses under a fresh name.
+    link = pod.set(link, name=d.transit_names[-1])
     try:
-        cross(pod, link, d.transit_name, host_ns)
+        pod.move(link, host_ns)
     except LinkError as e:
         if e.errno != errno.EEXIST:
             raise
-        # Something in the host holds the transit name: the one derived from the PCI address
-        # is the node's own naming scheme, unlikely to be taken as well.
-        cross(pod, need(pod, d.transit_name), fallback_name(d.pci), host_ns)
-        d.transit_name = fallback_name(d.pci)
+        # The host holds the name: cross under the one derived from the PCI address, the
+        # node's own naming scheme, which every DEL searches for. By index, not by name.
+        pod.move(pod.set(link, name=fallback_name(d.pci)), host_ns)
 
 
 def restore_in_place(host: Links, link: Link, d: MovedDevice) -> None:
-    """A device already in the host: its original name, MTU, MAC and state again."""
+    """A device already in the host: its original name, MTU, MAC, altnames and state again."""
+    link = host.drop_altnames(link, [a for a in link.altnames if a not in d.original_altnames])
     if link.name != d.original_name:
         link = host.down(link)
     try:
