@@ -121,3 +121,17 @@ def test_a_transit_name_taken_in_the_pod_moves_nothing(node: Node, shim, conf, m
     assert node.snapshot() == before
     assert set(links(pod.netns)) == {"rytaken", "rytakenpeer"}
     assert not list((node.state_dir / "cni" / "attachments").rglob("*.json"))
+
+
+def test_a_pod_name_held_as_an_altname_in_the_pod_is_refused_before_anything_moves(
+        node: Node, shim, conf):
+    nics = node.vfs(2)
+    before = node.snapshot()
+    pod = node.pod(nics)
+    sh("ip", "-n", pod.netns, "link", "add", "ryalt", "type", "veth", "peer", "name", "ryaltp")
+    sh("ip", "-n", pod.netns, "link", "property", "add", "dev", "ryalt", "altname", "net1-1")
+    r = add(shim, pod, conf())
+    assert r.error == 104 and "'net1-1'" in r.out["msg"], r.out
+    assert r.out["details"] == "nothing was moved"
+    assert node.snapshot() == before
+    assert set(links(pod.netns)) == {"ryalt", "ryaltp"}

@@ -219,10 +219,6 @@ class Links:
             raise LinkError(op, f"{device} in {self.netns.label}", e.code,
                             os.strerror(e.code)) from None
 
-    def names(self) -> list[str]:
-        """Every link's name, in index order."""
-        return [link.name for link in self.all()]
-
     def all(self) -> list[Link]:
         """Every link, in index order."""
         msg = ifinfmsg()

@@ -211,7 +211,7 @@ class Plugin:
         with self.host.links() as host, pod_ns.links() as pod:
             for i, (nic, name) in enumerate(zip(nics, names, strict=True)):
                 rec.devices.append(self._plan(host, nic, name, i, conf, rec))
-            present = set(pod.names())
+            present = {n for link in pod.all() for n in (link.name, *link.altnames)}
             clash = [n for n in names if n in present]
             if clash:
                 raise CniError(Code.MOVE_FAILED,
