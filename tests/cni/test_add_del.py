@@ -244,7 +244,7 @@ def test_shim_is_stdlib_only(shim):
     src = (shim.parent / ".railyard-cni" / "railyard_cni_shim.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in src.splitlines()
                if line.startswith(("import ", "from "))}
-    assert imports <= {"os", "_socket", "sys", "json", "site", "railyard"}
+    assert imports <= {"os", "_socket", "sys", "time", "json", "site", "railyard"}
 
 
 def test_a_second_add_of_the_same_attachment_is_refused_and_changes_nothing(node: Node, shim,

@@ -71,7 +71,9 @@ class Ipam:
             self._versions[key] = found
         return found
 
-    def version_for(self, exe: str, ours: str, floor: str = "0.1.0") -> str | None:
+    def version_for(self, exe: str, ours: str, floor: str = "0.3.0") -> str | None:
+        """The newest version both speak, never below 0.3.0: older results (`ip4`/`ip6`)
+        have no `ips` list, and reading one as 0.3 would be an ADD without addresses."""
         return newest_common(ours, self.versions(exe), floor)
 
     def _run(self, exe: str, command: str, env: Mapping[str, str],

@@ -47,6 +47,7 @@ from railyard.cni.spec import (
     LATEST_VERSION,
     SUPPORTED_VERSIONS,
     VALID_ATTACHMENTS,
+    VALID_ATTACHMENTS_OLD,
     Call,
     CniError,
     Code,
@@ -241,6 +242,11 @@ class Plugin:
                     if ipam is not None:
                         self._configure_ips(pod, links[d.ifname], ipam)
                 self._write_device_info(call, conf, rec)
+                result = build_result(conf.version, conf.prev_result, [
+                    ResultInterface(d.ifname, links[d.ifname].mac or "", call.netns,
+                                    links[d.ifname].mtu, d.pci)
+                    for d in rec.devices
+                ], ipams)
                 rec.state = "added"
                 self.store.save(rec)
             except BaseException as e:
@@ -260,12 +266,7 @@ class Plugin:
                            else "rolled back: every device is back in the host namespace")
                 err.details = f"{err.details}; {outcome}" if err.details else outcome
                 raise err from None
-        result_ifaces = [
-            ResultInterface(d.ifname, links[d.ifname].mac or "", call.netns,
-                            links[d.ifname].mtu, d.pci)
-            for d in rec.devices
-        ]
-        return build_result(conf.version, conf.prev_result, result_ifaces, ipams)
+        return result
 
     def _plan(self, host: Links, nic: NicRef, name: str, i: int, conf: NetConf,
               rec: AttachmentRecord) -> MovedDevice:
@@ -330,7 +331,7 @@ class Plugin:
             version = self.ipam.version_for(exe, conf.version)
             if version is None:
                 raise CniError(Code.INCOMPATIBLE_VERSION,
-                               f"IPAM plugin {ipam['type']} speaks no version up to "
+                               f"IPAM plugin {ipam['type']} speaks no version from 0.3.0 up to "
                                f"{conf.version}")
             d.ipam_version = version
             d.ipam_started = True
@@ -578,10 +579,20 @@ class Plugin:
         return None
 
     def _gc(self, call: Call, conf: NetConf) -> None:
-        valid = {(a.container_id, a.ifname) for a in conf.valid_attachments or ()}
+        if conf.valid_attachments is None:
+            # Read as "none is valid" it would tear down every attachment of the network.
+            raise CniError(Code.INVALID_CONFIG,
+                           f"GC needs {VALID_ATTACHMENTS} (the attachments to keep); "
+                           "nothing was removed")
+        valid = {(a.container_id, a.ifname) for a in conf.valid_attachments}
+        # IPAM ran once per interface under that interface's own name: it must hear those.
+        keep = [{"containerID": a.container_id, "ifname": a.ifname}
+                for a in conf.valid_attachments]
         problems = []
         for rec in self.store.records(conf.name):
             if (rec.container_id, rec.ifname) in valid:
+                keep.extend({"containerID": rec.container_id, "ifname": d.ifname}
+                            for d in rec.devices if d.ifname != rec.ifname)
                 continue
             try:
                 self._delete_record(rec, call.path)
@@ -597,7 +608,7 @@ class Plugin:
             spec = json.loads(ipam)
             exe = self.ipam.find(spec["type"], call.path)
             self.ipam.gc_or_status(exe, "GC", conf.raw, spec, call.path,
-                                   {VALID_ATTACHMENTS: conf.raw.get(VALID_ATTACHMENTS, [])})
+                                   {VALID_ATTACHMENTS: keep, VALID_ATTACHMENTS_OLD: keep})
         if problems:
             raise CniError(Code.MOVE_FAILED, "GC incomplete", "; ".join(problems))
         return None

@@ -101,6 +101,9 @@ class _Handler(socketserver.BaseRequestHandler):
 class CniServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
     allow_reuse_address = False
+    # socketserver's default backlog is 5: a burst of pod starts would find it full, and a
+    # connect to a full unix socket fails at once.
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(self, socket_path: str, plugin: Plugin) -> None:
         self.socket_path = socket_path

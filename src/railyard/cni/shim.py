@@ -17,6 +17,7 @@ Wire (one call per connection, all lengths 4-byte big-endian):
 import _socket
 import os
 import sys
+import time
 
 MAGIC = b"RYCNI1"
 DEFAULT_SOCKET = "/run/railyard/cni.sock"
@@ -127,12 +128,26 @@ def _config(stdin: bytes):
     return conf if isinstance(conf, dict) else None
 
 
+def _connect(sock: _socket.socket, path: str) -> None:
+    """A connect with a timeout is non-blocking, and on a unix socket whose accept queue is
+    full it fails at once (EAGAIN): the service is busy, not gone, so try again a while."""
+    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.002)
+
+
 def call_service(path: str, env: dict, stdin: bytes) -> tuple[int, bytes, bytes]:
     """One round trip; raises OSError/ConnectionError when the service cannot be reached."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT_S)
-        sock.connect(path)
+        _connect(sock, path)
         sock.settimeout(CALL_TIMEOUT_S)
         sock.sendall(encode_request(env, stdin))
         code = int.from_bytes(recv_exact(sock, 4), "big")

@@ -21,6 +21,8 @@ __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
 
 COMMANDS = ("ADD", "DEL", "CHECK", "STATUS", "GC", "VERSION")
 VALID_ATTACHMENTS = "cni.dev/valid-attachments"
+# The key's name in the CNI 1.1.0 text until a 2024 correction; libcni sends both since.
+VALID_ATTACHMENTS_OLD = "cni.dev/attachments"
 
 
 class Code(IntEnum):
@@ -352,11 +354,7 @@ def parse_netconf(data: Mapping[str, Any]) -> NetConf:
                                         _ipam(item.get("ipam"), f"{where}.ipam")))
     prev = data.get("prevResult")
     if prev is not None:
-        if not isinstance(prev, dict):
-            raise _bad("prevResult: expected an object")
-        for key in ("interfaces", "ips", "routes"):
-            if prev.get(key) is not None and not isinstance(prev[key], list):
-                raise _bad(f"prevResult.{key}: expected a list")
+        _check_prev_result(prev)
     standalone = data.get("standalone", False)
     if not isinstance(standalone, bool):
         raise _bad("standalone: expected true or false")
@@ -368,8 +366,10 @@ def parse_netconf(data: Mapping[str, Any]) -> NetConf:
         if v is not None and not v.startswith("/"):
             raise _bad(f"{key}: expected an absolute path, got {v!r}")
     valid = None
-    if VALID_ATTACHMENTS in data:
-        valid = _attachments(data[VALID_ATTACHMENTS])
+    for key in (VALID_ATTACHMENTS, VALID_ATTACHMENTS_OLD):
+        if key in data:
+            valid = _attachments(data[key], key)
+            break
     return NetConf(
         version=version, name=name, type=ptype, raw=data, ipam=ipam,
         mtu=_mtu(data.get("mtu"), "mtu"), mac=mac, interfaces=tuple(interfaces),
@@ -379,8 +379,31 @@ def parse_netconf(data: Mapping[str, Any]) -> NetConf:
     )
 
 
-def _attachments(v: Any) -> tuple[Attachment, ...]:
-    where = VALID_ATTACHMENTS
+def _check_prev_result(prev: Any) -> None:
+    """The chain's result is passed through and extended: every part we touch is checked
+    here, before anything moves, so a malformed one is a config error, not a crash later."""
+    if not isinstance(prev, dict):
+        raise _bad("prevResult: expected an object")
+    for key in ("interfaces", "ips", "routes"):
+        items = prev.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise _bad(f"prevResult.{key}: expected a list")
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise _bad(f"prevResult.{key}[{i}]: expected an object")
+    for i, ip in enumerate(prev.get("ips") or []):
+        address = ip.get("address")
+        try:
+            if not isinstance(address, str):
+                raise ValueError("expected a CIDR string")
+            ipaddress.ip_interface(address)
+        except ValueError as e:
+            raise _bad(f"prevResult.ips[{i}].address: {e}") from None
+
+
+def _attachments(v: Any, where: str) -> tuple[Attachment, ...]:
     if not isinstance(v, list):
         raise _bad(f"{where}: expected a list of {{containerID, ifname}}")
     out = []
@@ -407,19 +430,23 @@ class IpamResult:
 
 
 def parse_ipam_result(data: Any, plugin: str) -> IpamResult:
-    """Accept 0.3.x–1.1.0 result shapes; errors name the plugin and the field."""
+    """Accept 0.3.x–1.1.0 result shapes (plugins are never asked for older ones); errors name
+    the plugin and the field."""
     where = f"IPAM plugin {plugin} result"
     if not isinstance(data, dict):
         raise CniError(Code.DECODE, f"{where}: expected an object")
+    for key in ("ips", "routes"):
+        if data.get(key) is not None and not isinstance(data[key], list):
+            raise CniError(Code.DECODE, f"{where}: {key}: expected a list")
     ips = []
     for i, ip in enumerate(data.get("ips") or []):
         if not isinstance(ip, dict) or not isinstance(ip.get("address"), str):
             raise CniError(Code.DECODE, f"{where}: ips[{i}].address missing")
+        gw = ip.get("gateway")
         try:
             ipaddress.ip_interface(ip["address"])
-            gw = ip.get("gateway")
             if gw is not None:
-                ipaddress.ip_address(gw)
+                _address(gw)
         except ValueError as e:
             raise CniError(Code.DECODE, f"{where}: ips[{i}]: {e}") from None
         ips.append((ip["address"], gw))
@@ -430,12 +457,19 @@ def parse_ipam_result(data: Any, plugin: str) -> IpamResult:
         try:
             ipaddress.ip_network(r["dst"], strict=False)
             if r.get("gw") is not None:
-                ipaddress.ip_address(r["gw"])
+                _address(r["gw"])
         except ValueError as e:
             raise CniError(Code.DECODE, f"{where}: routes[{i}]: {e}") from None
         routes.append(r)
     dns = data.get("dns")
     return IpamResult(tuple(ips), tuple(routes), dns if isinstance(dns, dict) else None)
+
+
+def _address(v: Any) -> None:
+    """An IP address written as a string (`ipaddress` would take an integer too)."""
+    if not isinstance(v, str):
+        raise ValueError(f"gateway {v!r}: expected an address string")
+    ipaddress.ip_address(v)
 
 
 @dataclass(frozen=True, slots=True)
