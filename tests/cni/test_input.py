@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -273,3 +274,51 @@ def test_a_burst_of_calls_is_queued_not_answered_service_unreachable(bare_servic
         t.join()
     refused = [o for o in outcomes if o != 0]
     assert refused == [], f"{len(refused)} of {n} calls refused: {refused[0]}"
+
+
+def test_del_with_cni_args_it_cannot_read_still_brings_the_devices_home(node: Node, shim,
+                                                                        conf):
+    """DEL reads everything from the attachment record; unreadable CNI_ARGS (a runtime's
+    oddity) must not keep a VF in a pod."""
+    nics = node.vfs(1)
+    before = node.snapshot()
+    pod = node.pod(nics)
+    assert run_shim(shim, "ADD", conf(), container_id=pod.container_id, netns=pod.netns_path,
+                    args=pod.args()).code == 0
+    r = run_shim(shim, "DEL", conf(), container_id=pod.container_id, netns=pod.netns_path,
+                 args="K8S_POD_UID")  # no '=': an ADD with these would be error 4
+    assert r.code == 0, r.out
+    assert node.snapshot() == before and links(pod.netns) == {}
+
+
+def test_stopping_the_service_lets_a_call_in_flight_finish_its_rollback(
+        node: Node, shim, service, conf, tmp_path):
+    """stop() used to close the plugin (its host namespace) under a running ADD, whose
+    rollback then could not bring the devices home; it now waits for calls in flight."""
+    nics = node.vfs(1)
+    before = node.snapshot()
+    pod = node.pod(nics)
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    slow = folder / "slow-ipam"
+    version = json.dumps({"cniVersion": "1.0.0", "supportedVersions": ["1.0.0"]})
+    failure = json.dumps({"cniVersion": "1.0.0", "code": 107, "msg": "pool exhausted"})
+    slow.write_text("#!/bin/sh\ncat >/dev/null\n"
+                    f"if [ \"$CNI_COMMAND\" = VERSION ]; then echo '{version}'; exit 0; fi\n"
+                    f"if [ \"$CNI_COMMAND\" = ADD ]; then sleep 1; echo '{failure}'; exit 1; fi\n")
+    slow.chmod(0o755)
+    c = conf(ipam={"type": "slow-ipam"})
+    results = {}
+    t = threading.Thread(target=lambda: results.setdefault("add", run_shim(
+        shim, "ADD", c, container_id=pod.container_id, netns=pod.netns_path, args=pod.args(),
+        path=f"{folder}:/usr/lib/cni")))
+    t.start()
+    deadline = time.monotonic() + 10
+    while not attachment_records(node) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert attachment_records(node), "the ADD never started"
+    service.stop()
+    t.join(timeout=10)
+    r = results["add"]
+    assert r.error == 107 and "rolled back" in r.out["details"], r.out
+    assert node.snapshot() == before and links(pod.netns) == {}

@@ -99,7 +99,9 @@ class _Handler(socketserver.BaseRequestHandler):
 
 
 class CniServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
+    # Calls in flight finish before server_close() returns (block_on_close): closing the
+    # plugin under a running ADD would leave its rollback without a host namespace.
+    daemon_threads = False
     allow_reuse_address = False
     # socketserver's default backlog is 5: a burst of pod starts would find it full, and a
     # connect to a full unix socket fails at once.
@@ -136,7 +138,8 @@ class CniServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class RunningService:
-    """A service running on a background thread; `stop()` closes the socket and the plugin."""
+    """A service running on a background thread; `stop()` closes the socket, waits for the
+    calls in flight, then closes the plugin."""
 
     def __init__(self, server: CniServer) -> None:
         self.server = server

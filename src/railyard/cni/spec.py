@@ -7,6 +7,7 @@ Facts follow the CNI 1.1 specification (containernetworking/cni SPEC.md) and lib
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import re
@@ -206,7 +207,14 @@ def parse_env(env: Mapping[str, str]) -> Call:
         if netns and not netns.startswith("/"):
             raise CniError(Code.INVALID_ENV, f"CNI_NETNS {netns!r} is not an absolute path")
     args_text = env.get("CNI_ARGS", "")
-    args = parse_cni_args(args_text) if command in ("ADD", "DEL", "CHECK") else PodArgs()
+    args = PodArgs()
+    if command in ("ADD", "CHECK"):
+        args = parse_cni_args(args_text)
+    elif command == "DEL":
+        # DEL takes everything from the attachment record; arguments it cannot read must not
+        # keep devices in a pod.
+        with contextlib.suppress(CniError):
+            args = parse_cni_args(args_text)
     return Call(command, container_id, netns, ifname, args, path, args_text)
 
 
