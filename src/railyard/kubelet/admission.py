@@ -257,17 +257,9 @@ class Admission:
         if base is None:
             base = self._plan(pod, records, kind, ids)
             rec = self.store.get(pod.uid)
-        actual: dict[Kind, list[str]] = {}
-        for k in KINDS:
-            r = self.resource_of(k)
-            done = [i for cons in (rec.consumed if rec else ())
-                    if cons.resource == r and cons.container != c.container
-                    for i in cons.device_ids]
-            if k == kind:
-                actual[k] = done + ids
-            elif len(done) == pod.total(r) and done:
-                actual[k] = done  # this kind is fully admitted already: it is fact now
-        agrees = all(set(ids_of(base, k)) >= set(v) for k, v in actual.items())
+        actual = {k: self._pod_ids(pod, rec, c, k, base, ids if k == kind else ())
+                  for k in KINDS}
+        agrees = all(set(ids_of(base, k)) == set(v) for k, v in actual.items())
         alloc = base
         if not agrees:
             alloc = reconcile(self.topology, base, actual, decided_at=self.clock(),
@@ -300,6 +292,24 @@ class Admission:
             self.on_allocated(pod, grant)
         return grant
 
+    def _pod_ids(self, pod: PodView, rec: PodRecord | None, c: Candidate, k: Kind,
+                 base: Allocation, passed: Sequence[str]) -> list[str]:
+        """The pod's IDs of kind `k` once kubelet gives `passed` to `c`'s container.
+
+        What kubelet gave so far is fact; the rest of the pod's share is still the record's,
+        so a later container keeps its recorded devices when an earlier one got others.
+        The IDs this container was steered to but did not get go last: they were its own,
+        not a later container's.
+        """
+        r = self.resource_of(k)
+        given = list(dict.fromkeys([
+            *(i for cn in (rec.consumed if rec else ()) if cn.resource == r
+              and cn.container != c.container for i in cn.device_ids), *passed]))
+        passed_over = [i for i in c.expected if i not in given] if passed else []
+        rest = [i for i in ids_of(base, k) if i not in given and i not in passed_over]
+        rest += passed_over
+        return given + rest[:max(0, pod.total(r) - len(given))]
+
     def _grant(self, kind: Kind, resource: str, given: list[str],
                alloc: Allocation | None) -> ContainerGrant:
         ordered = in_pair_order(given, alloc, kind)
@@ -324,6 +334,7 @@ class Admission:
         records = self._records()
         managed = self.names.managed
         owner: dict[tuple[str, str], str] = {}  # (resource, device ID) -> uid per kubelet
+        known: list[tuple[AssignedPod, PodView]] = []
         for a in assigned:
             if not any(a.has(r) for r in managed):
                 continue
@@ -333,11 +344,24 @@ class Admission:
             for r in managed:
                 for i in a.ids(r):
                     owner[(r, i)] = pod.uid
+            known.append((a, pod))
+        for a, pod in known:
             rec = records.get(pod.uid)
             base = rec.allocation if rec else (
                 pod.allocation if pod.allocation and pod.allocation.node == self.node else None)
-            actual = {k: list(a.ids(self.resource_of(k))) for k in KINDS
-                      if a.has(self.resource_of(k))}
+            actual: dict[Kind, list[str]] = {}
+            for k in KINDS:
+                r = self.resource_of(k)
+                if not a.has(r):
+                    continue
+                ids = list(dict.fromkeys(a.ids(r)))
+                if base is not None and len(ids) < pod.total(r):
+                    # Not reported yet (a container kubelet has still to admit) or not at all
+                    # (PodResources leaves out init containers): the record's share stands,
+                    # unless kubelet gave it to another pod.
+                    ids += [i for i in ids_of(base, k) if i not in ids
+                            and owner.get((r, i), pod.uid) == pod.uid][:pod.total(r) - len(ids)]
+                actual[k] = ids
             alloc_ok = base is not None and all(
                 set(ids_of(base, k)) == set(v) for k, v in actual.items())
             consumed_ok = rec is not None and all(

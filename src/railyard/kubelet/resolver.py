@@ -49,6 +49,7 @@ class Candidate:
     allocation: Allocation | None  # None: no record (the pod bypassed the scheduler)
     expected: tuple[str, ...]  # the recorded IDs for this container, in pair order
     from_store: bool  # the record is the node's (state store), not the annotation
+    admitting: bool = False  # kubelet already allocated some of this pod's devices
 
 
 def recorded(pod: PodView, records: Mapping[str, PodRecord]) -> tuple[Allocation | None, bool]:
@@ -60,9 +61,12 @@ def recorded(pod: PodView, records: Mapping[str, PodRecord]) -> tuple[Allocation
 
 
 def _order(c: Candidate) -> tuple:
+    # Kubelet admits one pod at a time, calling every plugin for each of its containers
+    # before it starts the next pod: a pod with some devices allocated and some not is the
+    # one being admitted, whatever the ages of the others' decisions.
     a = c.allocation
-    return (a is None, (a.decided_at or "~") if a else "", c.pod.created, c.pod.namespace,
-            c.pod.name)
+    return (not c.admitting, a is None, (a.decided_at or "~") if a else "", c.pod.created,
+            c.pod.namespace, c.pod.name)
 
 
 def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: str,
@@ -91,7 +95,8 @@ def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: 
                 continue  # the record does not fit the pod's request: not this pod's shape
             taken = set(rec.consumed_ids(resource)) if rec else set()
             expected = tuple(i for i in ids if i not in taken)[:size]
-        out.append(Candidate(pod, container.name, alloc, expected, from_store))
+        out.append(Candidate(pod, container.name, alloc, expected, from_store,
+                             admitting=bool(rec and rec.consumed)))
     out.sort(key=_order)
     return out
 

@@ -1,0 +1,108 @@
+"""Which pod and container each kubelet call is for, end to end over gRPC.
+
+Kubelet admits one pod at a time, container by container (init containers first), calling
+each plugin separately and with device IDs only. These tests follow that order for pods with
+several containers, init containers and pods pending side by side, and check that every call
+reaches the right pod, that the record keeps what later containers still need, and that a
+container's pair map names only its own devices.
+"""
+
+from __future__ import annotations
+
+from kubelet_harness import GPU, VF, allocation, async_test, pod, rig, topology
+
+from railyard.agent.config import AgentConfig
+from railyard.kubelet.resolver import ids_of
+
+TOPO = topology()
+G0, G1 = (g.device_id for g in TOPO.gpus)
+PF0, PF1 = (n.pci_address for n in TOPO.nics)
+VFS0 = [v.pci_address for v in TOPO.nics[0].vfs]
+VFS1 = [v.pci_address for v in TOPO.nics[1].vfs]
+
+
+def _cfg(tmp_path, **kw) -> AgentConfig:
+    return AgentConfig(devinfo_dir=str(tmp_path / "devinfo"), health_interval_s=0.1,
+                       verify_delay_s=60, **kw)  # verify only when the test asks
+
+
+def _two_containers() -> dict:
+    """Pod p: c1 and c2 each {GPU 1, VF 1}, recorded (G0, VFS0[0]) and (G1, VFS1[0])."""
+    return pod("uid-p", {"c1": {GPU: 1, VF: 1}, "c2": {GPU: 1, VF: 1}},
+               alloc=allocation(TOPO, [(0, VFS0[0]), (1, VFS1[0])]), name="p")
+
+
+# ------------------------------------------------------------------ several containers
+
+
+@async_test
+async def test_kubelet_deviating_for_one_container_keeps_the_other_containers_record(
+        tmp_path, generic_tree):
+    """Kubelet gives c1 another VF than recorded (the preference is advisory). The record
+    rebuilt around it must still hold c2's recorded VF, or p stops fitting its request and
+    c2's calls go to the next pending pod, b."""
+    b = pod("uid-b", {"main": {VF: 1}}, name="b",
+            alloc=allocation(TOPO, [], nics=(VFS1[3],), decided_at="2026-01-02T00:00:00Z"))
+    async with rig(tmp_path, generic_tree, [_two_containers(), b], config=_cfg(tmp_path)) as r:
+        gpu, vf = r.kubelet.client(GPU), r.kubelet.client(VF)
+        # c1
+        assert await gpu.preferred([G0, G1], 1) == [G0]
+        await gpu.allocate([G0])
+        assert await vf.preferred(VFS0 + VFS1, 1) == [VFS0[0]]
+        await vf.allocate([VFS0[2]])  # kubelet's own choice, same PF
+        assert set(ids_of(r.agent.store.get("uid-p").allocation, "vf")) == {VFS0[2], VFS1[0]}
+        # c2
+        assert await gpu.preferred([G1], 1) == [G1]
+        await gpu.allocate([G1])
+        pref = await vf.preferred([v for v in VFS0 + VFS1 if v != VFS0[2]], 1)
+        await vf.allocate([VFS1[0]])
+        assert r.agent.store.get("uid-b") is None, "c2 of pod p was admitted as pod b"
+        assert r.agent.store.get("uid-p").is_consumed("c2", VF)
+        assert pref == [VFS1[0]], "c2 was not steered to its recorded VF"
+        await gpu.close()
+        await vf.close()
+
+
+@async_test
+async def test_podresources_check_mid_admission_keeps_the_unreported_containers_record(
+        tmp_path, generic_tree):
+    """PodResources lists c1's devices before kubelet has admitted c2: the check must not cut
+    the record down to c1's share."""
+    async with rig(tmp_path, generic_tree, [_two_containers()], config=_cfg(tmp_path)) as r:
+        gpu, vf = r.kubelet.client(GPU), r.kubelet.client(VF)
+        await gpu.allocate([G0])
+        await vf.allocate([VFS0[0]])
+        r.podres.state.assign("team", "p", "c1", GPU, [G0])
+        r.podres.state.assign("team", "p", "c1", VF, [VFS0[0]])
+        assert await r.agent.verify() == []
+        rec = r.agent.store.get("uid-p")
+        assert set(ids_of(rec.allocation, "vf")) == {VFS0[0], VFS1[0]}
+        assert set(ids_of(rec.allocation, "gpu")) == {G0, G1}
+        assert await vf.preferred(VFS0[1:] + VFS1, 1) == [VFS1[0]]
+        await gpu.close()
+        await vf.close()
+
+
+# ------------------------------------------------------------------ pods pending together
+
+
+@async_test
+async def test_second_plugin_of_a_pod_mid_admission_follows_that_pod(tmp_path, generic_tree):
+    """Pod a {GPU 1, VF 1} (decided second) and pod b {VF 1} (decided first) are pending;
+    kubelet admits a, GPU plugin first. The VF call that follows is a's, not the older b's:
+    kubelet finishes one pod before it starts the next (decision 0033)."""
+    a = pod("uid-a", {"main": {GPU: 1, VF: 1}}, name="a",
+            alloc=allocation(TOPO, [(1, VFS1[1])], decided_at="2026-01-02T00:00:00Z"))
+    b = pod("uid-b", {"main": {VF: 1}}, name="b",
+            alloc=allocation(TOPO, [], nics=(VFS0[3],), decided_at="2026-01-01T00:00:00Z"))
+    async with rig(tmp_path, generic_tree, [a, b], config=_cfg(tmp_path)) as r:
+        gpu, vf = r.kubelet.client(GPU), r.kubelet.client(VF)
+        assert await gpu.preferred([G0, G1], 1) == [G1]
+        await gpu.allocate([G1])
+        ids = await vf.preferred(VFS0 + VFS1, 1)
+        resp = await vf.allocate(ids)
+        assert ids == [VFS1[1]], f"pod a was steered to pod b's VF {ids}"
+        assert r.agent.store.get("uid-b") is None
+        assert "RAILYARD_PAIRS" in resp.envs
+        await gpu.close()
+        await vf.close()
