@@ -106,3 +106,107 @@ async def test_second_plugin_of_a_pod_mid_admission_follows_that_pod(tmp_path, g
         assert "RAILYARD_PAIRS" in resp.envs
         await gpu.close()
         await vf.close()
+
+
+# ------------------------------------------------------------------ init containers
+
+
+def _with_init(p: dict, init: dict[str, dict[str, int]], sidecars: tuple[str, ...] = ()) -> dict:
+    p["spec"]["initContainers"] = [
+        {"name": c, "resources": {"limits": {r: str(n) for r, n in res.items()}},
+         **({"restartPolicy": "Always"} if c in sidecars else {})}
+        for c, res in init.items()]
+    return p
+
+
+@async_test
+async def test_app_container_reusing_its_init_containers_vf_is_not_given_to_another_pod(
+        tmp_path, generic_tree):
+    """Kubelet allocates init containers first and lets app containers reuse their devices:
+    the app container's Allocate carries the init container's IDs and no
+    GetPreferredAllocation precedes it. That call is pod a's, not the next pending pod's
+    (b's record would be rewritten to a's VF, and the CNI would move it into b)."""
+    a = _with_init(pod("uid-a", {"main": {VF: 1}}, name="a",
+                       alloc=allocation(TOPO, [], nics=(VFS0[1],))),
+                   {"setup": {VF: 1}})
+    b = pod("uid-b", {"main": {VF: 1}}, name="b",
+            alloc=allocation(TOPO, [], nics=(VFS1[1],), decided_at="2026-01-02T00:00:00Z"))
+    async with rig(tmp_path, generic_tree, [a, b], config=_cfg(tmp_path)) as r:
+        vf = r.kubelet.client(VF)
+        assert await vf.preferred(VFS0 + VFS1, 1) == [VFS0[1]]
+        await vf.allocate([VFS0[1]])  # setup
+        await vf.allocate([VFS0[1]])  # main, reusing setup's VF
+        assert r.agent.store.get("uid-b") is None, "pod b was noted for pod a's VF"
+        rec = r.agent.store.get("uid-a")
+        assert rec.is_consumed("setup", VF) and rec.is_consumed("main", VF)
+        assert ids_of(rec.allocation, "vf") == (VFS0[1],)
+        rest = [v for v in VFS0 + VFS1 if v != VFS0[1]]
+        assert await vf.preferred(rest, 1) == [VFS1[1]]
+        await vf.close()
+
+
+@async_test
+async def test_an_init_container_asking_for_more_than_the_app_containers_is_resolved(
+        tmp_path, generic_tree):
+    """Init container {VF 2}, app container {VF 1}: the scheduler records two VFs (the pod
+    needs two while `setup` runs). Kubelet gives setup both, then main one of them again."""
+    a = _with_init(pod("uid-a", {"main": {GPU: 1, VF: 1}}, name="a",
+                       alloc=allocation(TOPO, [(0, VFS0[1])], nics=(VFS1[1],))),
+                   {"setup": {VF: 2}})
+    b = pod("uid-b", {"main": {VF: 1}}, name="b",
+            alloc=allocation(TOPO, [], nics=(VFS1[2],), decided_at="2026-01-02T00:00:00Z"))
+    async with rig(tmp_path, generic_tree, [a, b], config=_cfg(tmp_path)) as r:
+        gpu, vf = r.kubelet.client(GPU), r.kubelet.client(VF)
+        assert await vf.preferred(VFS0 + VFS1, 2) == [VFS0[1], VFS1[1]]
+        await vf.allocate([VFS0[1], VFS1[1]])  # setup
+        await gpu.allocate([G0])  # main; then its VF, one of setup's, chosen by kubelet
+        resp = await vf.allocate([VFS1[1]])
+        assert r.agent.store.get("uid-b") is None
+        rec = r.agent.store.get("uid-a")
+        assert rec.is_consumed("main", VF) and set(ids_of(rec.allocation, "vf")) == {
+            VFS0[1], VFS1[1]}
+        assert "RAILYARD_PAIRS" in resp.envs
+        await gpu.close()
+        await vf.close()
+
+
+@async_test
+async def test_an_app_container_needing_more_than_it_reuses_is_steered_to_the_rest(
+        tmp_path, generic_tree):
+    """Init container {VF 1}, app container {VF 2}: kubelet reuses setup's VF for main and
+    asks the plugin for the second one with the reused VF as a must-include."""
+    a = _with_init(pod("uid-a", {"main": {VF: 2}}, name="a",
+                       alloc=allocation(TOPO, [], nics=(VFS0[1], VFS1[1]))),
+                   {"setup": {VF: 1}})
+    b = pod("uid-b", {"main": {VF: 2}}, name="b",
+            alloc=allocation(TOPO, [], nics=(VFS0[2], VFS1[2]),
+                             decided_at="2026-01-02T00:00:00Z"))
+    async with rig(tmp_path, generic_tree, [a, b], config=_cfg(tmp_path)) as r:
+        vf = r.kubelet.client(VF)
+        assert await vf.preferred(VFS0 + VFS1, 1) == [VFS0[1]]
+        await vf.allocate([VFS0[1]])
+        assert await vf.preferred(VFS0 + VFS1[1:], 2, must_include=[VFS0[1]]) == [
+            VFS0[1], VFS1[1]]
+        await vf.allocate([VFS0[1], VFS1[1]])
+        assert r.agent.store.get("uid-b") is None
+        assert r.agent.store.get("uid-a").is_consumed("main", VF)
+        await vf.close()
+
+
+@async_test
+async def test_a_sidecars_devices_are_its_own_and_the_app_container_gets_fresh_ones(
+        tmp_path, generic_tree):
+    """A sidecar (restartPolicy: Always) keeps its VF for the pod's life: the app container
+    gets another (kubelet needs the sum), which the record holds as well."""
+    a = _with_init(pod("uid-a", {"main": {VF: 1}}, name="a",
+                       alloc=allocation(TOPO, [], nics=(VFS0[1], VFS1[1]))),
+                   {"proxy": {VF: 1}}, sidecars=("proxy",))
+    async with rig(tmp_path, generic_tree, [a], config=_cfg(tmp_path)) as r:
+        vf = r.kubelet.client(VF)
+        assert await vf.preferred(VFS0 + VFS1, 1) == [VFS0[1]]
+        await vf.allocate([VFS0[1]])
+        assert await vf.preferred(VFS0[2:] + VFS1, 1) == [VFS1[1]]
+        await vf.allocate([VFS1[1]])
+        rec = r.agent.store.get("uid-a")
+        assert [c.device_ids for c in rec.consumed] == [(VFS0[1],), (VFS1[1],)]
+        await vf.close()

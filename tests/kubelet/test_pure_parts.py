@@ -63,6 +63,25 @@ def test_pod_view_never_fails_with_anything_but_pod_error(data):
         pod_view(data)
 
 
+@settings(max_examples=300, deadline=None)
+@given(inits=st.lists(st.tuples(st.booleans(), st.integers(0, 4)), max_size=5),
+       apps=st.lists(st.integers(0, 4), min_size=1, max_size=3))
+def test_a_pods_device_count_with_init_containers_and_sidecars_is_the_schedulers(inits, apps):
+    """Kubelet's reuse of init containers' devices gives a pod exactly as many devices as
+    kube-scheduler's effective request counts, so a recorded decision fits its pod."""
+    from railyard.allocation.request import request_from_pod
+
+    def c(name: str, n: int, sidecar: bool = False) -> dict:
+        return {"name": name, "resources": {"limits": {VF: str(n)}} if n else {},
+                **({"restartPolicy": "Always"} if sidecar else {})}
+
+    p = pod("u", {})
+    p["spec"]["containers"] = [c(f"app{i}", n) for i, n in enumerate(apps)]
+    p["spec"]["initContainers"] = [c(f"init{i}", n, sidecar)
+                                   for i, (sidecar, n) in enumerate(inits)]
+    assert pod_view(p).total(VF) == request_from_pod(p).vfs
+
+
 # ------------------------------------------------------------------ resolver
 
 
@@ -100,6 +119,27 @@ def test_consumed_containers_move_on_to_the_next_container():
     rec = PodRecord(PodKey("u", "team", "u"), a, (Consumed("one", VF, (near_vf(0),)),))
     c = candidates(_views(p), {"u": rec}, NODE, NAMES, VF, 1)[0]
     assert (c.container, c.expected) == ("two", (near_vf(1),))
+
+
+def test_an_app_container_reuses_what_init_containers_left_and_not_a_sidecars_devices():
+    a = allocation(TOPO, [], nics=(near_vf(0), near_vf(1), near_vf(2)))
+    p = pod("u", {"main": {VF: 2}}, alloc=a)
+    p["spec"]["initContainers"] = [
+        {"name": "setup", "resources": {"limits": {VF: "2"}}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": {VF: "1"}}}]
+    view = pod_view(p)
+    assert view.total(VF) == 3
+    rec = PodRecord(PodKey("u", "team", "u"), a, (
+        Consumed("setup", VF, (near_vf(0), near_vf(1))), Consumed("proxy", VF, (near_vf(1),))))
+    other = pod("older", {"main": {VF: 2}}, alloc=allocation(
+        TOPO, [], nics=(near_vf(4), near_vf(5)), decided_at="2025-01-01T00:00:00Z"))
+    cands = candidates([view, pod_view(other)], {"u": rec}, NODE, NAMES, VF, 2)
+    c = next(x for x in cands if x.pod.uid == "u")
+    # proxy reused near_vf(1) and keeps it; main reuses near_vf(0) and gets one fresh VF
+    assert (c.container, c.expected) == ("main", (near_vf(0), near_vf(2)))
+    # IDs the pod already holds name it, whatever else kubelet chose and whoever is older
+    assert match_allocate(sorted(cands, key=lambda x: x.pod.uid != "older"),
+                          [near_vf(0), near_vf(4)]) is c
 
 
 def test_allocate_matches_exact_ids_before_the_hint_and_the_order():

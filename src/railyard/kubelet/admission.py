@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from railyard.agent.pods import PodSource
@@ -27,7 +28,15 @@ from railyard.allocation.types import Allocation, GpuRef, NicRef
 from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
 from railyard.kubelet.podresources import AssignedPod
 from railyard.kubelet.pods import PodView
-from railyard.kubelet.resolver import Candidate, Kind, candidates, ids_of, kind_of, match_allocate
+from railyard.kubelet.resolver import (
+    Candidate,
+    Kind,
+    candidates,
+    expected_ids,
+    ids_of,
+    kind_of,
+    match_allocate,
+)
 from railyard.kubelet.response import (
     PAIRS_ENV,
     ContainerGrant,
@@ -112,7 +121,10 @@ class Admission:
         alloc, expected = c.allocation, c.expected
         if alloc is None:
             alloc = self._plan(c.pod, records, kind, available)
-            expected = self._expected(c.pod, alloc, records.get(c.pod.uid), resource, size)
+            container = c.pod.container(c.container)
+            assert container is not None  # candidates() took it from this pod
+            expected = expected_ids(c.pod, records.get(c.pod.uid), container, alloc, resource,
+                                    kind)
         if (len(expected) == size and set(expected) <= set(available)
                 and set(must_include) <= set(expected)):
             answer = list(expected)
@@ -125,12 +137,6 @@ class Admission:
                         len(set(expected) & set(available)), answer)
         self._hint[resource] = (c.pod.uid, c.container, frozenset(answer))
         return answer
-
-    def _expected(self, pod: PodView, alloc: Allocation, rec: PodRecord | None, resource: str,
-                  size: int) -> tuple[str, ...]:
-        taken = set(rec.consumed_ids(resource)) if rec else set()
-        kind = kind_of(self.names, resource)
-        return tuple(i for i in ids_of(alloc, kind) if i not in taken)[:size]
 
     # ------------------------------------------------------------------ the node's plan
 
@@ -156,10 +162,13 @@ class Admission:
         return ledger
 
     def _request(self, pod: PodView) -> Request:
+        """What the node plans for: as many devices as kubelet will hand the pod, with the
+        pod's own hints, CPUs and memory when its request parses."""
+        counts = {"gpus": pod.total(self.names.gpu), "vfs": pod.total(self.names.vf),
+                  "pfs": pod.total(self.names.pf)}
         if pod.request is not None:
-            return pod.request
-        return Request(gpus=pod.total(self.names.gpu), vfs=pod.total(self.names.vf),
-                       pfs=pod.total(self.names.pf))
+            return replace(pod.request, **counts)
+        return Request(**counts)
 
     def _plan(self, pod: PodView, records: Mapping[str, PodRecord], kind: Kind,
               available: Sequence[str]) -> Allocation:
@@ -270,7 +279,8 @@ class Admission:
         rec = self.store.put(self._key(pod), alloc,
                              consumed=Consumed(c.container, resource, tuple(ids)))
         grant = self._grant(kind, resource, ids, alloc)
-        container = next(x for x in pod.containers if x.name == c.container)
+        container = pod.container(c.container)
+        assert container is not None  # candidates() took it from this pod
         both_nic_kinds = container.count(self.names.vf) and container.count(self.names.pf)
         if both_nic_kinds:
             # Kubelet keeps the first plugin's value of a variable two plugins set, so a

@@ -24,9 +24,17 @@ class PodError(ValueError):
 class ContainerView:
     name: str
     devices: tuple[tuple[str, int], ...]  # (resource, count), managed resources only
+    init: bool = False  # from spec.initContainers
+    sidecar: bool = False  # an init container with restartPolicy Always: runs all along
 
     def count(self, resource: str) -> int:
         return sum(n for r, n in self.devices if r == resource)
+
+    @property
+    def passes_on(self) -> bool:
+        """Kubelet lets later containers reuse this container's devices: it has finished
+        before they start (an ordinary init container; not a sidecar)."""
+        return self.init and not self.sidecar
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +46,37 @@ class PodView:
     phase: str  # "Pending" when the status says nothing
     deleting: bool
     created: str  # metadata.creationTimestamp (RFC 3339 sorts as text), "" when absent
-    containers: tuple[ContainerView, ...]
+    containers: tuple[ContainerView, ...]  # spec.containers
     allocation: Allocation | None  # the recorded decision (annotation), when valid
     allocation_error: str | None  # why the annotation could not be used
     request: Request | None  # the pod-level request; None when unparsable
     request_error: str | None
     raw: dict[str, Any]
+    init_containers: tuple[ContainerView, ...] = ()  # spec.initContainers, sidecars included
+
+    @property
+    def admission_order(self) -> tuple[ContainerView, ...]:
+        """The order kubelet allocates devices in: init containers, then app containers."""
+        return self.init_containers + self.containers
+
+    def container(self, name: str) -> ContainerView | None:
+        return next((c for c in self.admission_order if c.name == name), None)
 
     def total(self, resource: str) -> int:
-        return sum(c.count(resource) for c in self.containers)
+        """How many distinct devices of `resource` kubelet gives the pod.
+
+        Kubelet's device manager hands a container the devices that finished init containers
+        left behind first (`devicesToReuse`) and only the rest fresh; a sidecar's or an app
+        container's devices are its own from then on. So app containers and sidecars add up,
+        and an ordinary init container costs only what exceeds what is free to reuse.
+        """
+        total = reusable = 0
+        for c in self.admission_order:
+            n = c.count(resource)
+            reused = min(n, reusable)
+            total += n - reused
+            reusable += n - reused if c.passes_on else -reused
+        return total
 
     @property
     def pending(self) -> bool:
@@ -60,7 +90,7 @@ class PodView:
         return f"{self.namespace}/{self.name}"
 
 
-def _container(c: Any, where: str, names: ResourceNames) -> ContainerView:
+def _container(c: Any, where: str, names: ResourceNames, init: bool = False) -> ContainerView:
     if not isinstance(c, dict) or not isinstance(c.get("name"), str):
         raise PodError(f"{where}.name: missing")
     res = c.get("resources") or {}
@@ -78,7 +108,8 @@ def _container(c: Any, where: str, names: ResourceNames) -> ContainerView:
                         continue
                     if q.denominator == 1 and q > 0:
                         counts[r] = int(q)
-    return ContainerView(c["name"], tuple(sorted(counts.items())))
+    return ContainerView(c["name"], tuple(sorted(counts.items())), init=init,
+                         sidecar=init and c.get("restartPolicy") == "Always")
 
 
 def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
@@ -95,6 +126,9 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
     status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
     containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
     views = tuple(_container(c, f"spec.containers[{i}]", names) for i, c in enumerate(containers))
+    inits = spec.get("initContainers") if isinstance(spec.get("initContainers"), list) else []
+    init_views = tuple(_container(c, f"spec.initContainers[{i}]", names, init=True)
+                       for i, c in enumerate(inits))
     annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
     allocation = alloc_error = None
     raw_alloc = annotations.get(ALLOCATION_ANNOTATION)
@@ -127,4 +161,5 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         request=request,
         request_error=request_error,
         raw=pod,
+        init_containers=init_views,
     )

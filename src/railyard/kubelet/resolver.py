@@ -1,10 +1,10 @@
 """Which pod is kubelet admitting? `Allocate` carries no pod identity, so we infer it.
 
-The pod being admitted is pending on this node, has a recorded Allocation (the node's state
-store first, else the scheduler's annotation) whose devices of this resource are not yet
-consumed, and its next container asks for exactly as many devices as kubelet does. Oldest
-`decidedAt` first (kubelet admits pods one at a time, in about that order); pods with no
-record (they bypassed the scheduler) come after, oldest first. Pure functions, no I/O.
+The pod being admitted is pending on this node, and its next container in kubelet's order
+(init containers first) asks for exactly as many devices as kubelet does. A pod kubelet has
+started admitting comes first (it admits one pod at a time), then recorded pods by oldest
+`decidedAt`, then pods with no record (they bypassed the scheduler), oldest first. The
+record is the node's state store first, else the scheduler's annotation. Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Literal
 from railyard.agent.state import PodRecord
 from railyard.allocation.names import ResourceNames
 from railyard.allocation.types import Allocation
-from railyard.kubelet.pods import PodView
+from railyard.kubelet.pods import ContainerView, PodView
 
 Kind = Literal["gpu", "vf", "pf"]
 
@@ -50,6 +50,7 @@ class Candidate:
     expected: tuple[str, ...]  # the recorded IDs for this container, in pair order
     from_store: bool  # the record is the node's (state store), not the annotation
     admitting: bool = False  # kubelet already allocated some of this pod's devices
+    held: frozenset[str] = frozenset()  # IDs of this resource kubelet gave the pod so far
 
 
 def recorded(pod: PodView, records: Mapping[str, PodRecord]) -> tuple[Allocation | None, bool]:
@@ -69,6 +70,35 @@ def _order(c: Candidate) -> tuple:
             c.pod.namespace, c.pod.name)
 
 
+def reusable(pod: PodView, rec: PodRecord | None, resource: str,
+             container: str) -> tuple[str, ...]:
+    """The IDs kubelet will hand `container` first: what the pod's finished init containers
+    hold and no sidecar or app container took since (devicemanager's `devicesToReuse`)."""
+    free: list[str] = []
+    for c in pod.admission_order:
+        if c.name == container:
+            break
+        if rec is None or not c.count(resource):
+            continue
+        ids = [i for cn in rec.consumed if cn.container == c.name and cn.resource == resource
+               for i in cn.device_ids]
+        if c.passes_on:
+            free += [i for i in ids if i not in free]
+        else:
+            free = [i for i in free if i not in ids]
+    return tuple(free)
+
+
+def expected_ids(pod: PodView, rec: PodRecord | None, container: ContainerView,
+                 alloc: Allocation, resource: str, kind: Kind) -> tuple[str, ...]:
+    """The IDs `container` should get: those it reuses, then recorded ones nobody got yet."""
+    size = container.count(resource)
+    reused = reusable(pod, rec, resource, container.name)[:size]
+    taken = set(rec.consumed_ids(resource)) if rec else set()
+    fresh = tuple(i for i in ids_of(alloc, kind) if i not in taken)
+    return reused + fresh[:size - len(reused)]
+
+
 def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: str,
                names: ResourceNames, resource: str, size: int) -> list[Candidate]:
     """Every pod that could be the one kubelet is admitting, most likely first."""
@@ -79,7 +109,7 @@ def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: 
             continue
         rec = records.get(pod.uid)
         container = next(
-            (c for c in pod.containers
+            (c for c in pod.admission_order
              if c.count(resource) and not (rec and rec.is_consumed(c.name, resource))),
             None,
         )
@@ -93,10 +123,10 @@ def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: 
             ids = ids_of(alloc, kind)
             if len(ids) != pod.total(resource):
                 continue  # the record does not fit the pod's request: not this pod's shape
-            taken = set(rec.consumed_ids(resource)) if rec else set()
-            expected = tuple(i for i in ids if i not in taken)[:size]
+            expected = expected_ids(pod, rec, container, alloc, resource, kind)
         out.append(Candidate(pod, container.name, alloc, expected, from_store,
-                             admitting=bool(rec and rec.consumed)))
+                             admitting=bool(rec and rec.consumed),
+                             held=frozenset(rec.consumed_ids(resource)) if rec else frozenset()))
     out.sort(key=_order)
     return out
 
@@ -105,10 +135,16 @@ def match_allocate(cands: list[Candidate], ids: Iterable[str],
                    hint: tuple[str, str] | None = None) -> Candidate | None:
     """The candidate an `Allocate` of `ids` is for.
 
-    Exact recorded IDs identify a pod for certain; then what `GetPreferredAllocation` just
-    answered (`hint` = (uid, container)); then the most likely candidate.
+    IDs the pod already holds identify it for certain: kubelet passes them again only to
+    let a later container of the same pod reuse what its init containers had, and then
+    without asking `GetPreferredAllocation` first. Exact recorded IDs are next; then what
+    `GetPreferredAllocation` just answered (`hint` = (uid, container)); then the most likely
+    candidate.
     """
     want = set(ids)
+    for c in cands:
+        if c.held & want:
+            return c
     for c in cands:
         if c.expected and set(c.expected) == want:
             return c
