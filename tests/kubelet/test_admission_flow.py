@@ -8,9 +8,12 @@ import logging
 import os
 import shutil
 import time
+from dataclasses import replace
 
 import pytest
 from kubelet_harness import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
+
+from railyard.allocation.types import GpuRef, NicRef, Pair
 
 TOPO = topology()
 G0, G1 = (g.device_id for g in TOPO.gpus)
@@ -213,9 +216,51 @@ async def test_malformed_record_is_treated_as_no_record_and_the_node_decides(
         gpu_pci = TOPO.gpu(next(x.pci_address for x in TOPO.gpus if x.device_id == g[0]))
         assert TOPO.distance[gpu_pci.pci_address][TOPO.vf(v[0])[0].pci_address].name in (
             "PIX", "PHB")
-        assert any("bypassed the scheduler" in m for m in caplog.messages)
+        assert any("railyard.dev/allocation.decidedBy: missing" in m for m in caplog.messages)
         await gpu.close()
         await vf.close()
+
+
+@async_test
+async def test_allocate_survives_a_record_naming_a_gpu_this_node_does_not_have(
+        tmp_path, generic_tree, caplog):
+    """A well-formed annotation whose GPU is not on this node (one that fell off the bus
+    since the scheduler looked, or a hand-edited record) is no plan for this node: when
+    kubelet's VF differs from it the node decides, instead of failing Allocate (kubelet
+    would reject the pod), and the log names the field."""
+    ghost = GpuRef(index=7, pci_address="0000:99:00.0",
+                   uuid="GPU-00000000-0000-0000-0000-000000000099")
+    base = allocation(TOPO, [(0, VFS0[0])])
+    alloc = replace(base, pairs=(Pair(ghost, base.pairs[0].nic, base.pairs[0].distance),))
+    async with rig(tmp_path, generic_tree, [pod("uid-g", {"main": {GPU: 1, VF: 1}},
+                                               alloc=alloc)]) as r:
+        vf = r.kubelet.client(VF)
+        with caplog.at_level(logging.WARNING):
+            resp = await vf.allocate([VFS0[2]])
+        assert resp.envs["PCIDEVICE_RAILYARD_DEV_VF"] == VFS0[2]
+        rec = r.agent.store.get("uid-g")
+        assert rec.allocation.decided_by == "node" and rec.consumed_ids(VF) == (VFS0[2],)
+        assert any("pairs[0].gpu: GPU GPU-00000000-0000-0000-0000-000000000099" in m
+                   for m in caplog.messages)
+        await vf.close()
+
+
+@async_test
+async def test_a_record_naming_a_vf_as_a_whole_pf_is_not_followed(tmp_path, generic_tree,
+                                                                  caplog):
+    as_pf = NicRef("pf", VFS1[0], VFS1[0], None, None, None)  # a VF, recorded as a PF
+    alloc = replace(allocation(TOPO, []), nics=(as_pf,))
+    async with rig(tmp_path, generic_tree, [pod("uid-k", {"main": {PF: 1}},
+                                               alloc=alloc)]) as r:
+        pf = r.kubelet.client(PF)
+        with caplog.at_level(logging.WARNING):
+            pref = await pf.preferred([PF0, PF1], 1)
+            resp = await pf.allocate([PF1])
+        assert pref[0] in (PF0, PF1)
+        assert resp.envs["PCIDEVICE_RAILYARD_DEV_PF"] == PF1
+        assert r.agent.store.get("uid-k").consumed_ids(PF) == (PF1,)
+        assert any(f"nics[0]: {VFS1[0]} is a VF of PF {PF1}" in m for m in caplog.messages)
+        await pf.close()
 
 
 @async_test

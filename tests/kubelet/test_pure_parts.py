@@ -108,9 +108,18 @@ def test_other_nodes_running_pods_and_wrong_sizes_are_not_candidates():
     assert [c.pod.uid for c in candidates(pods, {}, NODE, NAMES, VF, 2)] == ["ok"]
 
 
-def test_a_record_that_does_not_fit_the_request_is_not_this_pods_shape():
+def test_a_record_that_does_not_fit_the_request_is_not_used_and_the_node_decides():
     a = allocation(TOPO, [(0, near_vf(0))])
-    assert candidates(_views(pod("u", {"c": {VF: 2}}, alloc=a)), {}, NODE, NAMES, VF, 2) == []
+    [c] = candidates(_views(pod("u", {"c": {VF: 2}}, alloc=a)), {}, NODE, NAMES, VF, 2)
+    assert c.allocation is None and c.expected == ()
+    assert c.record_error == f"it holds 1 {VF}, kubelet gives the pod 2"
+
+
+def test_a_record_naming_a_device_the_node_lacks_is_not_used_and_says_which():
+    a = allocation(TOPO, [(0, near_vf(0))])
+    [c] = candidates(_views(pod("u", {"c": {VF: 1}}, alloc=a)), {}, NODE, NAMES, VF, 1,
+                     unusable=lambda alloc: "pairs[0].gpu: gone")
+    assert (c.allocation, c.record_error) == (None, "pairs[0].gpu: gone")
 
 
 def test_consumed_containers_move_on_to_the_next_container():

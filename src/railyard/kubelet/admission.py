@@ -111,7 +111,8 @@ class Admission:
                   size: int) -> list[str]:
         kind = kind_of(self.names, resource)
         records = self._records()
-        cands = candidates(self.pods.pods(), records, self.node, self.names, resource, size)
+        cands = candidates(self.pods.pods(), records, self.node, self.names, resource, size,
+                           unusable=self.unusable)
         if not cands:
             log.info("%s: no pending pod on %s asks for %d; best local choice", resource,
                      self.node, size)
@@ -120,7 +121,7 @@ class Admission:
         c = cands[0]
         alloc, expected = c.allocation, c.expected
         if alloc is None:
-            alloc = self._plan(c.pod, records, kind, available)
+            alloc = self._plan(c, records, kind, available)
             container = c.pod.container(c.container)
             assert container is not None  # candidates() took it from this pod
             expected = expected_ids(c.pod, records.get(c.pod.uid), container, alloc, resource,
@@ -170,9 +171,11 @@ class Admission:
             return replace(pod.request, **counts)
         return Request(**counts)
 
-    def _plan(self, pod: PodView, records: Mapping[str, PodRecord], kind: Kind,
+    def _plan(self, c: Candidate, records: Mapping[str, PodRecord], kind: Kind,
               available: Sequence[str]) -> Allocation:
-        """The best local pairing for a pod with no record; stored as `decidedBy: node`."""
+        """The best local pairing for a pod with no usable record; stored as `decidedBy:
+        node`."""
+        pod = c.pod
         request = self._request(pod)
         ledger = self._ledger(records, exclude=pod.uid)
         free = {k: self.offered(k) - self._used(ledger, k) for k in KINDS}
@@ -182,11 +185,37 @@ class Admission:
             alloc = self._greedy_plan(request, free)
         alloc = alloc.stamped("node", self.clock())
         self.store.put(self._key(pod), alloc)
-        log.warning("%s has no recorded allocation (it bypassed the scheduler); the node "
-                    "decided %s", pod, [(p.gpu.device_id, p.nic.pci_address)
-                                        for p in alloc.pairs] or
+        why = c.record_error or pod.allocation_error
+        log.warning("%s %s; the node decided %s", pod,
+                    f"has a recorded allocation it cannot use: {why}" if why else
+                    "has no recorded allocation (it bypassed the scheduler)",
+                    [(p.gpu.device_id, p.nic.pci_address) for p in alloc.pairs] or
                     [*ids_of(alloc, "gpu"), *ids_of(alloc, "vf"), *ids_of(alloc, "pf")])
         return alloc
+
+    def unusable(self, alloc: Allocation) -> str | None:
+        """The first device of a record that this node does not have as recorded, named by
+        its field; None when every device is here. Such a record is the scheduler's view of
+        another node state (a GPU fell off the bus, a hand-edited annotation): the node
+        decides instead of failing kubelet's call on it."""
+        idx = self.index
+        fields = [*((f"pairs[{i}].gpu", p.gpu) for i, p in enumerate(alloc.pairs)),
+                  *((f"gpus[{i}]", g) for i, g in enumerate(alloc.gpus))]
+        for where, g in fields:
+            have = idx.gpus.get(g.device_id)
+            if have is None or have.pci_address != g.pci_address:
+                return f"{where}: GPU {g.device_id} ({g.pci_address}) is not on {self.node}"
+        nics = [*((f"pairs[{i}].nic", p.nic) for i, p in enumerate(alloc.pairs)),
+                *((f"nics[{i}]", n) for i, n in enumerate(alloc.nics))]
+        for where, n in nics:
+            have_nic = idx.nics.get(n.pci_address)
+            if have_nic is None:
+                return f"{where}: {n.kind.upper()} {n.pci_address} is not on {self.node}"
+            if (have_nic.kind, have_nic.pf_pci_address) != (n.kind, n.pf_pci_address):
+                return (f"{where}: {n.pci_address} is a {have_nic.kind.upper()} of PF "
+                        f"{have_nic.pf_pci_address} on {self.node}, not a {n.kind.upper()} "
+                        f"of {n.pf_pci_address}")
+        return None
 
     def _used(self, ledger: Ledger, kind: Kind) -> frozenset[str]:
         if kind == "gpu":
@@ -246,7 +275,8 @@ class Admission:
         kind = kind_of(self.names, resource)
         ids = list(dict.fromkeys(device_ids))
         records = self._records()
-        cands = candidates(self.pods.pods(), records, self.node, self.names, resource, len(ids))
+        cands = candidates(self.pods.pods(), records, self.node, self.names, resource, len(ids),
+                           unusable=self.unusable)
         hint = self._hint.pop(resource, None)
         c = match_allocate(cands, ids, hint[:2] if hint and hint[2] == set(ids) else None)
         if c is None:
@@ -264,7 +294,7 @@ class Admission:
         rec = records.get(pod.uid)
         base = c.allocation
         if base is None:
-            base = self._plan(pod, records, kind, ids)
+            base = self._plan(c, records, kind, ids)
             rec = self.store.get(pod.uid)
         actual = {k: self._pod_ids(pod, rec, c, k, base, ids if k == kind else ())
                   for k in KINDS}

@@ -9,7 +9,7 @@ record is the node's state store first, else the scheduler's annotation. Pure, n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -51,6 +51,7 @@ class Candidate:
     from_store: bool  # the record is the node's (state store), not the annotation
     admitting: bool = False  # kubelet already allocated some of this pod's devices
     held: frozenset[str] = frozenset()  # IDs of this resource kubelet gave the pod so far
+    record_error: str | None = None  # why the pod's record was not usable (allocation None)
 
 
 def recorded(pod: PodView, records: Mapping[str, PodRecord]) -> tuple[Allocation | None, bool]:
@@ -99,9 +100,24 @@ def expected_ids(pod: PodView, rec: PodRecord | None, container: ContainerView,
     return reused + fresh[:size - len(reused)]
 
 
+def misfit(pod: PodView, alloc: Allocation, resource: str, kind: Kind) -> str | None:
+    """Why a record cannot steer `resource` for the pod: it holds another count than kubelet
+    will allocate (a record decided for another request); None when it fits."""
+    n = len(ids_of(alloc, kind))
+    if n != pod.total(resource):
+        return f"it holds {n} {resource}, kubelet gives the pod {pod.total(resource)}"
+    return None
+
+
 def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: str,
-               names: ResourceNames, resource: str, size: int) -> list[Candidate]:
-    """Every pod that could be the one kubelet is admitting, most likely first."""
+               names: ResourceNames, resource: str, size: int, *,
+               unusable: Callable[[Allocation], str | None] | None = None) -> list[Candidate]:
+    """Every pod that could be the one kubelet is admitting, most likely first.
+
+    A pod whose record cannot be followed (`misfit`, or `unusable` naming a device this node
+    lacks) stays a candidate without a record, with the reason: the node decides for it,
+    rather than its calls going to some other pod.
+    """
     kind = kind_of(names, resource)
     out = []
     for pod in pods:
@@ -116,17 +132,22 @@ def candidates(pods: Iterable[PodView], records: Mapping[str, PodRecord], node: 
         if container is None or container.count(resource) != size:
             continue
         alloc, from_store = recorded(pod, records)
-        if alloc is not None and alloc.node != node:
-            alloc = None  # decided for another node: as good as no record here
+        error = None
+        if alloc is not None:
+            if alloc.node != node:
+                error = f"it was decided for node {alloc.node}"
+            else:
+                error = (misfit(pod, alloc, resource, kind)
+                         or (unusable(alloc) if unusable else None))
+            if error is not None:
+                alloc = None
         expected: tuple[str, ...] = ()
         if alloc is not None:
-            ids = ids_of(alloc, kind)
-            if len(ids) != pod.total(resource):
-                continue  # the record does not fit the pod's request: not this pod's shape
             expected = expected_ids(pod, rec, container, alloc, resource, kind)
         out.append(Candidate(pod, container.name, alloc, expected, from_store,
                              admitting=bool(rec and rec.consumed),
-                             held=frozenset(rec.consumed_ids(resource)) if rec else frozenset()))
+                             held=frozenset(rec.consumed_ids(resource)) if rec else frozenset(),
+                             record_error=error))
     out.sort(key=_order)
     return out
 

@@ -146,10 +146,13 @@ class Extender:
             self.metrics.failure("filter", m.BAD_REQUEST)
             return _filter_reply(error=str(e))
         self.pods.put(facts)
-        out = self.state.filter(facts.request, names)
-        unknown = sum(1 for n in out.unresolvable if n not in self.state)
-        self.metrics.failure("filter", m.UNKNOWN_NODE, unknown)
-        self.metrics.failure("filter", m.UNRESOLVABLE, len(out.unresolvable) - unknown)
+        out = self.state.filter(facts.request, names, uid=facts.uid)
+        if self.state.pod(facts.uid) is not None:
+            self.metrics.failure("filter", m.ALREADY_BOUND, len(out.unresolvable))
+        else:
+            unknown = sum(1 for n in out.unresolvable if n not in self.state)
+            self.metrics.failure("filter", m.UNKNOWN_NODE, unknown)
+            self.metrics.failure("filter", m.UNRESOLVABLE, len(out.unresolvable) - unknown)
         self.metrics.failure("filter", m.BLOCKED, len(out.failed))
         if args.NodeNames is not None:
             return _filter_reply(names=out.fits, failed=out.failed,
@@ -176,7 +179,7 @@ class Extender:
                 self.metrics.failure("prioritize", m.BAD_REQUEST)
                 return web.Response(status=400, text=str(e))
             self.pods.put(facts)
-            scores = self.state.scores(facts.request, names)
+            scores = self.state.scores(facts.request, names, uid=facts.uid)
             return _json(list(map(HostPriority, scores.keys(), scores.values())))
         finally:
             self.metrics.latency["prioritize"].observe(time.perf_counter() - t0)

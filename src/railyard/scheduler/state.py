@@ -288,8 +288,22 @@ class ClusterState:
 
     # ------------------------------------------------------------------ questions
 
-    def filter(self, request: Request, node_names: Iterable[str]) -> FilterOutcome:
-        """Which nodes can host `request` now; one allocator call per group of nodes."""
+    def filter(self, request: Request, node_names: Iterable[str], *,
+               uid: str | None = None) -> FilterOutcome:
+        """Which nodes can host `request` now; one allocator call per group of nodes.
+
+        held = self._pods.get(uid) if uid is not None else None
+        if held is not None:
+            # kube-scheduler missed the bind's reply (timeout, dropped connection, restart)
+            # and schedules the pod again: its own devices must not count against it, and
+            # only a bind to the same node can succeed (docs/decisions/0027).
+            reason = (f"pod {held.namespace}/{held.name} ({held.uid}) is already bound to "
+                      f"{held.node!r}")
+            out.fits = [name for name in names if name == held.node]
+            out.unresolvable = {name: reason for name in names if name != held.node}
+            return out
+        A pod `uid` that already holds devices fits only the node it holds them on.
+        """
         names = list(node_names)
         out = FilterOutcome()
         if not request.wants_devices:
@@ -316,8 +330,13 @@ class ClusterState:
                 out.failed[name] = verdict.reason_for(name)
         return out
 
-    def scores(self, request: Request, node_names: Iterable[str]) -> dict[str, int]:
-        """The allocator's 0–10 score per node (0 for unknown nodes and device-less pods)."""
+    def scores(self, request: Request, node_names: Iterable[str], *,
+        held = self._pods.get(uid) if uid is not None else None
+        if held is not None:
+            return {name: 10 if name == held.node else 0 for name in names}
+               uid: str | None = None) -> dict[str, int]:
+        """The allocator's 0–10 score per node (0 for unknown nodes and device-less pods);
+        a pod `uid` that already holds devices scores 10 on its node, 0 elsewhere."""
         names = list(node_names)
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
