@@ -308,6 +308,38 @@ class GatedWriter:
         self.bound.append(p)
 
 
+def test_a_pod_whose_bind_reply_kube_scheduler_missed_can_still_be_scheduled():
+    # kube-scheduler gives up on a bind after httpTimeout (5 s: a slow fsync, a dropped
+    # connection, a restart after the record landed), forgets the pod and schedules it again
+    # from filter. Its own devices must not count against it there: only the node holding
+    # them is offered (and scored highest), and the bind to it succeeds.
+    writer = SlowWriter()
+    ext = extender(writer)
+    whole_node = pod("u1", gpus=8, vfs=8)
+    names = ["dgx-h100-000", "dgx-h100-001"]
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(whole_node, names))
+        with contextlib.suppress(TimeoutError):  # "failed bind with extender": requeued
+            await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"), timeout_s=0.05)
+        await asyncio.sleep(0.4)  # the record lands meanwhile
+        _, again = await post(s, f"{url}/filter", args(whole_node, names))
+        _, scores = await post(s, f"{url}/prioritize", args(whole_node, names))
+        binds = [await post(s, f"{url}/bind", bind_args("u1", n))
+                 for n in again["NodeNames"] or []]
+        return again, scores, binds
+
+    again, scores, binds = run(scenario, ext)
+    assert [p.uid for p in writer.bound] == ["u1"]  # the first bind did land
+    assert again["NodeNames"] == ["dgx-h100-000"] and again["FailedNodes"] == {}
+    assert again["FailedAndUnresolvableNodes"] == {
+        "dgx-h100-001": "pod default/pod-u1 (u1) is already bound to 'dgx-h100-000'"}
+    assert scores == [{"Host": "dgx-h100-000", "Score": 10},
+                      {"Host": "dgx-h100-001", "Score": 0}]
+    assert binds == [(200, {"Error": ""})]
+    assert len(ext.state.pods()) == 1
+
+
 @pytest.mark.parametrize("fail", [True, False])
 def test_a_bind_whose_caller_goes_away_still_finishes_its_record_or_rolls_back(fail):
     # A handler cancelled mid-write (shutdown, or aiohttp's handler cancellation) must not
@@ -388,35 +420,3 @@ def test_a_bind_arriving_while_its_pods_release_is_recorded_waits_and_binds_afre
     assert waited and deleted == 200 and releases.released == ["u1"]
     assert rebound == (200, {"Error": ""})
     assert ext.state.pod("u1") is not None and len(ext.state.ledger("dgx-h100-000")) == 1
-def test_a_pod_whose_bind_reply_kube_scheduler_missed_can_still_be_scheduled():
-    # kube-scheduler gives up on a bind after httpTimeout (5 s: a slow fsync, a dropped
-    # connection, a restart after the record landed), forgets the pod and schedules it again
-    # from filter. Its own devices must not count against it there: only the node holding
-    # them is offered (and scored highest), and the bind to it succeeds.
-    writer = SlowWriter()
-    ext = extender(writer)
-    whole_node = pod("u1", gpus=8, vfs=8)
-    names = ["dgx-h100-000", "dgx-h100-001"]
-
-    async def scenario(s, url):
-        await post(s, f"{url}/filter", args(whole_node, names))
-        with contextlib.suppress(TimeoutError):  # "failed bind with extender": requeued
-            await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"), timeout_s=0.05)
-        await asyncio.sleep(0.4)  # the record lands meanwhile
-        _, again = await post(s, f"{url}/filter", args(whole_node, names))
-        _, scores = await post(s, f"{url}/prioritize", args(whole_node, names))
-        binds = [await post(s, f"{url}/bind", bind_args("u1", n))
-                 for n in again["NodeNames"] or []]
-        return again, scores, binds
-
-    again, scores, binds = run(scenario, ext)
-    assert [p.uid for p in writer.bound] == ["u1"]  # the first bind did land
-    assert again["NodeNames"] == ["dgx-h100-000"] and again["FailedNodes"] == {}
-    assert again["FailedAndUnresolvableNodes"] == {
-        "dgx-h100-001": "pod default/pod-u1 (u1) is already bound to 'dgx-h100-000'"}
-    assert scores == [{"Host": "dgx-h100-000", "Score": 10},
-                      {"Host": "dgx-h100-001", "Score": 0}]
-    assert binds == [(200, {"Error": ""})]
-    assert len(ext.state.pods()) == 1
-
-

@@ -161,8 +161,6 @@ def test_victims_are_the_fewest_candidates_whose_devices_make_room():
     assert s.victims(gpu_vf(2), node, ["v0"]) is None  # one GPU freed is not enough
     assert s.victims(gpu_vf(2), "ghost", ["v0"]) is None
 
-    assert len(s.ledger(node)) == 8  # asking changes nothing
-
 
 def test_a_pod_already_holding_devices_fits_only_its_node_and_scores_highest_there():
     s = state("dgx-h100:3")
@@ -178,6 +176,7 @@ def test_a_pod_already_holding_devices_fits_only_its_node_and_scores_highest_the
     assert s.filter(gpu_vf(8), names).fits == ["dgx-h100-000"]
     s.release("u1")
     assert s.filter(gpu_vf(8), names, uid="u1").fits == ["dgx-h100-000", "dgx-h100-001"]
+
 
 def test_concurrent_binds_from_threads_never_share_a_device():
     s = state("dgx-h100:2")

@@ -292,6 +292,10 @@ class ClusterState:
                uid: str | None = None) -> FilterOutcome:
         """Which nodes can host `request` now; one allocator call per group of nodes.
 
+        A pod `uid` that already holds devices fits only the node it holds them on.
+        """
+        names = list(node_names)
+        out = FilterOutcome()
         held = self._pods.get(uid) if uid is not None else None
         if held is not None:
             # kube-scheduler missed the bind's reply (timeout, dropped connection, restart)
@@ -302,10 +306,6 @@ class ClusterState:
             out.fits = [name for name in names if name == held.node]
             out.unresolvable = {name: reason for name in names if name != held.node}
             return out
-        A pod `uid` that already holds devices fits only the node it holds them on.
-        """
-        names = list(node_names)
-        out = FilterOutcome()
         if not request.wants_devices:
             out.fits = names  # none of our resources: not ours to judge
             return out
@@ -331,13 +331,13 @@ class ClusterState:
         return out
 
     def scores(self, request: Request, node_names: Iterable[str], *,
-        held = self._pods.get(uid) if uid is not None else None
-        if held is not None:
-            return {name: 10 if name == held.node else 0 for name in names}
                uid: str | None = None) -> dict[str, int]:
         """The allocator's 0–10 score per node (0 for unknown nodes and device-less pods);
         a pod `uid` that already holds devices scores 10 on its node, 0 elsewhere."""
         names = list(node_names)
+        held = self._pods.get(uid) if uid is not None else None
+        if held is not None:
+            return {name: 10 if name == held.node else 0 for name in names}
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
         of_name, some_member = self._grouped(names)
