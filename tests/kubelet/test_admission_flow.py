@@ -13,7 +13,9 @@ from dataclasses import replace
 import pytest
 from kubelet_harness import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
 
+from railyard.agent.config import AgentConfig
 from railyard.allocation.types import GpuRef, NicRef, Pair
+from railyard.kubelet.resolver import ids_of
 
 TOPO = topology()
 G0, G1 = (g.device_id for g in TOPO.gpus)
@@ -344,6 +346,56 @@ async def test_podresources_agreeing_with_the_store_changes_nothing(tmp_path, ge
         assert r.agent.store.get("uid-a").allocation == a
         await vf.close()
         await gpu.close()
+
+
+@async_test
+async def test_podresources_ids_unknown_to_the_topology_do_not_stop_the_check(
+        tmp_path, generic_tree):
+    """gpuPlugin: false leaves nvidia.com/gpu to NVIDIA's plugin, whose IDs need not be bare
+    UUIDs (time-slicing replicas 'GPU-…::0', MIG 'MIG-…'). The check skips such IDs with a
+    warning, keeps the record's GPUs, and still repairs every pod, one with VFs only too."""
+    alloc_a = allocation(TOPO, [(0, VFS0[0])])
+    a = pod("uid-a", {"main": {GPU: 1, VF: 1}}, name="a", phase="Running", alloc=alloc_a)
+    b = pod("uid-b", {"main": {VF: 1}}, name="b", phase="Running",
+            alloc=allocation(TOPO, [], nics=(VFS1[0],)))
+    cfg = AgentConfig(devinfo_dir=str(tmp_path / "devinfo"), gpu_plugin=False,
+                      verify_delay_s=60)
+    async with rig(tmp_path, generic_tree, [a, b], config=cfg) as r:
+        r.podres.state.assign("team", "a", "main", GPU, [f"{G0}::0"])
+        r.podres.state.assign("team", "a", "main", VF, [VFS0[0]])
+        r.podres.state.assign("team", "b", "main", VF, [VFS1[2]])  # not b's record
+        warnings = await r.agent.verify()
+        assert any(f"{G0}::0" in w and "not device IDs" in w for w in warnings)
+        ra, rb = r.agent.store.get("uid-a"), r.agent.store.get("uid-b")
+        assert ra.allocation == alloc_a and ra.consumed_ids(VF) == (VFS0[0],)
+        assert ra.consumed_ids(GPU) == ()  # no note of IDs the node cannot interpret
+        assert [n.pci_address for n in rb.allocation.all_nics] == [VFS1[2]]
+
+
+@async_test
+async def test_a_failure_checking_one_pod_does_not_stop_the_check_of_the_others(
+        tmp_path, generic_tree, monkeypatch):
+    import railyard.kubelet.admission as admission
+
+    a = pod("uid-a", {"main": {VF: 1}}, name="a", phase="Running",
+            alloc=allocation(TOPO, [], nics=(VFS0[0],)))
+    b = pod("uid-b", {"main": {VF: 1}}, name="b", phase="Running",
+            alloc=allocation(TOPO, [], nics=(VFS1[0],)))
+    async with rig(tmp_path, generic_tree, [a, b]) as r:
+        r.podres.state.assign("team", "a", "main", VF, [VFS0[1]])
+        r.podres.state.assign("team", "b", "main", VF, [VFS1[2]])
+        real = admission.reconcile
+
+        def fails_for_a(topology, base, actual, **kw):
+            if actual.get("vf") == [VFS0[1]]:
+                raise RuntimeError("boom")
+            return real(topology, base, actual, **kw)
+
+        monkeypatch.setattr(admission, "reconcile", fails_for_a)
+        warnings = await r.agent.verify()
+        assert any("team/a: PodResources check failed" in w for w in warnings)
+        assert r.agent.store.get("uid-a") is None
+        assert ids_of(r.agent.store.get("uid-b").allocation, "vf") == (VFS1[2],)
 
 
 @async_test

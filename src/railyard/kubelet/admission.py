@@ -386,45 +386,12 @@ class Admission:
                     owner[(r, i)] = pod.uid
             known.append((a, pod))
         for a, pod in known:
-            rec = records.get(pod.uid)
-            base = rec.allocation if rec else (
-                pod.allocation if pod.allocation and pod.allocation.node == self.node else None)
-            actual: dict[Kind, list[str]] = {}
-            for k in KINDS:
-                r = self.resource_of(k)
-                if not a.has(r):
-                    continue
-                ids = list(dict.fromkeys(a.ids(r)))
-                if base is not None and len(ids) < pod.total(r):
-                    # Not reported yet (a container kubelet has still to admit) or not at all
-                    # (PodResources leaves out init containers): the record's share stands,
-                    # unless kubelet gave it to another pod.
-                    ids += [i for i in ids_of(base, k) if i not in ids
-                            and owner.get((r, i), pod.uid) == pod.uid][:pod.total(r) - len(ids)]
-                actual[k] = ids
-            alloc_ok = base is not None and all(
-                set(ids_of(base, k)) == set(v) for k, v in actual.items())
-            consumed_ok = rec is not None and all(
-                any(cn.container == cname and cn.resource == r
-                    and set(cn.device_ids) == set(ids) for cn in rec.consumed)
-                for cname, per in a.containers.items() for r, ids in per.items() if r in managed)
-            if alloc_ok and consumed_ok:
-                continue
-            if not alloc_ok:
-                new = reconcile(self.topology, base, actual, decided_at=self.clock(),
-                                index=self.index)
-                msg = (f"{pod}: kubelet assigned {dict(actual)}, which differs from the "
-                       f"record; the node's record now holds what kubelet assigned "
-                       f"(decidedBy: node)")
-                log.warning("%s", msg)
+            try:
+                warnings += self._check_pod(a, pod, records.get(pod.uid), owner)
+            except Exception as e:  # one pod's odd data must not stop the others' repair
+                msg = f"{pod}: PodResources check failed: {e!r}; record left as it was"
+                log.exception("%s", msg)
                 warnings.append(msg)
-                self.store.put(self._key(pod), new)
-            elif rec is None:
-                self.store.put(self._key(pod), base)  # type: ignore[arg-type]
-            for cname, per in a.containers.items():
-                for r, ids in per.items():
-                    if r in managed:
-                        self.store.mark_consumed(pod.uid, cname, r, list(ids))
         # Consumption we noted for a pod that kubelet says belongs to another: forget it.
         for r in self.store.all():
             for cn in r.consumed:
@@ -436,3 +403,70 @@ class Admission:
                     warnings.append(msg)
                     self.store.clear_consumed(r.uid, cn.container, cn.resource)
         return warnings
+
+    def _check_pod(self, a: AssignedPod, pod: PodView, rec: PodRecord | None,
+                   owner: Mapping[tuple[str, str], str]) -> list[str]:
+        """Make one pod's record agree with what kubelet assigned it; the warnings."""
+        warnings: list[str] = []
+
+        def warn(msg: str) -> None:
+            log.warning("%s", msg)
+            warnings.append(msg)
+
+        base = rec.allocation if rec else (
+            pod.allocation if pod.allocation and pod.allocation.node == self.node else None)
+        if base is not None and (why := self.unusable(base)):
+            warn(f"{pod}: the record is not usable on {self.node} ({why}); rebuilding it "
+                 f"from what kubelet assigned")
+            base = None
+        actual: dict[Kind, list[str]] = {}
+        unknown: set[str] = set()  # resources whose IDs this node cannot interpret
+        for k in KINDS:
+            r = self.resource_of(k)
+            if not a.has(r):
+                continue
+            ids = list(dict.fromkeys(a.ids(r)))
+            strange = [i for i in ids if not self._known(k, i)]
+            if strange:
+                # Another plugin's naming (NVIDIA's time-slicing replicas 'GPU-…::0', MIG
+                # devices) when ours is off: no fact about this node's devices to record.
+                warn(f"{pod}: kubelet assigned {r} {strange}, which are not device IDs of "
+                     f"{self.node}; the record keeps its own {r}")
+                unknown.add(r)
+                continue
+            if base is not None and len(ids) < pod.total(r):
+                # Not reported yet (a container kubelet has still to admit) or not at all
+                # (PodResources leaves out init containers): the record's share stands,
+                # unless kubelet gave it to another pod.
+                ids += [i for i in ids_of(base, k) if i not in ids
+                        and owner.get((r, i), pod.uid) == pod.uid][:pod.total(r) - len(ids)]
+            actual[k] = ids
+        if base is None and not actual:
+            return warnings
+        notes = [(cname, r, ids) for cname, per in a.containers.items()
+                 for r, ids in per.items() if r in self.names.managed and r not in unknown]
+        alloc_ok = base is not None and all(
+            set(ids_of(base, k)) == set(v) for k, v in actual.items())
+        consumed_ok = rec is not None and all(
+            any(cn.container == cname and cn.resource == r and set(cn.device_ids) == set(ids)
+                for cn in rec.consumed) for cname, r, ids in notes)
+        if alloc_ok and consumed_ok:
+            return warnings
+        if not alloc_ok:
+            new = reconcile(self.topology, base, actual, decided_at=self.clock(),
+                            index=self.index)
+            warn(f"{pod}: kubelet assigned {dict(actual)}, which differs from the record; "
+                 f"the node's record now holds what kubelet assigned (decidedBy: node)")
+            self.store.put(self._key(pod), new)
+        elif rec is None:
+            self.store.put(self._key(pod), base)  # type: ignore[arg-type]
+        for cname, r, ids in notes:
+            self.store.mark_consumed(pod.uid, cname, r, list(ids))
+        return warnings
+
+    def _known(self, kind: Kind, device_id: str) -> bool:
+        """Whether `device_id` names a device of this node of this kind."""
+        if kind == "gpu":
+            return device_id in self.index.gpus
+        nic = self.index.nics.get(device_id)
+        return nic is not None and nic.kind == kind
