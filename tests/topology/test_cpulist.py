@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from railyard.topology.cpus import format_cpulist, parse_cpulist
+from railyard.topology.cpus import MAX_CPU, format_cpulist, parse_cpulist
 
 cpu_sets = st.sets(st.integers(min_value=0, max_value=1023), max_size=300)
 
@@ -35,7 +35,15 @@ def test_real_shapes() -> None:
     assert format_cpulist(list(range(56)) + list(range(112, 168))) == "0-55,112-167"
 
 
-@pytest.mark.parametrize("bad", ["x", "3-1", "1-", "-1", "1,,2", "0-a"])
+@pytest.mark.parametrize("bad", ["x", "3-1", "1-", "-1", "1,,2", "0-a", "1_0", "+3", "0-9_9999",
+                                 "\uff10-\uff13", "\u00b2", "0-65536", "0-4000000000", "1" * 5000])
 def test_bad_element_is_named(bad: str) -> None:
     with pytest.raises(ValueError, match="bad CPU list element"):
         parse_cpulist(bad)
+
+
+def test_the_largest_cpu_id_is_max_cpu() -> None:
+    # Records are user-editable: ids past MAX_CPU are refused before a range is expanded.
+    assert parse_cpulist(f"{MAX_CPU}") == [MAX_CPU]
+    with pytest.raises(ValueError, match=f"CPU ids end at {MAX_CPU}"):
+        parse_cpulist(f"0-{MAX_CPU + 1}")

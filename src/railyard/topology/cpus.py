@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
+
+# Far above any kernel's CPU count (NR_CPUS tops out at 8,192); cpulists also come from
+# user-editable records, so a larger id is refused rather than expanded ("0-4000000000").
+MAX_CPU = 65535
+# One element, ASCII digits only: int() alone would also take "1_0", "+3" and "１".
+_ELEMENT = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
 
 
 def parse_cpulist(text: str) -> list[int]:
     """Parse a kernel cpulist; an empty string is the empty list.
 
-    Raises ValueError naming the bad element, so callers can say which file held it.
+    Raises ValueError naming the bad element, so callers can say which file or field held it;
+    ids beyond MAX_CPU are refused before any range is expanded.
     """
     cpus: list[int] = []
     text = text.strip()
@@ -16,20 +24,17 @@ def parse_cpulist(text: str) -> list[int]:
         return cpus
     for part in text.split(","):
         part = part.strip()
-        lo, sep, hi = part.partition("-")
-        try:
-            if sep:
-                first, last = int(lo), int(hi)
-                if last < first or first < 0:
-                    raise ValueError
-                cpus.extend(range(first, last + 1))
-            else:
-                cpu = int(lo)
-                if cpu < 0:
-                    raise ValueError
-                cpus.append(cpu)
-        except ValueError:
-            raise ValueError(f"bad CPU list element {part!r} in {text!r}") from None
+        m = _ELEMENT.fullmatch(part)
+        if m is None:
+            raise ValueError(f"bad CPU list element {part[:40]!r} in {text[:40]!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        if max(len(lo), len(hi)) > len(str(MAX_CPU)) or max(int(lo), int(hi)) > MAX_CPU:
+            raise ValueError(f"bad CPU list element {part[:40]!r} in {text[:40]!r}: "
+                             f"CPU ids end at {MAX_CPU}")
+        first, last = int(lo), int(hi)
+        if last < first:
+            raise ValueError(f"bad CPU list element {part[:40]!r} in {text[:40]!r}")
+        cpus.extend(range(first, last + 1))
     return sorted(set(cpus))
 
 

@@ -6,10 +6,23 @@ the allocator, the extender, the device plugin and the simulator all read the sa
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 
 from railyard.topology.cpus import parse_cpulist
+
+# A PCI function address as the kernel writes it: domain (4 hex digits, up to 8: Intel VMD
+# domains have 5), bus, device.function, lower case. Every reader of addresses uses this one;
+# \Z, not $, which would also pass a trailing newline.
+PCI_ADDRESS_RE = re.compile(r"\A[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z", re.ASCII)
+# vfio-pci and its vendor variants (mlx5_vfio_pci, hisi_acc_vfio_pci, pds_vfio_pci, …).
+_VFIO_DRIVER_RE = re.compile(r"^(.+_)?vfio[-_]pci$", re.ASCII)
+
+
+def is_vfio_driver(driver: str | None) -> bool:
+    """A VFIO driver hands the whole function to a VM or user space: no netdev, no RDMA."""
+    return driver is not None and _VFIO_DRIVER_RE.match(driver) is not None
 
 
 class Distance(IntEnum):
@@ -128,13 +141,19 @@ class Vf:
 
     @property
     def is_rdma(self) -> bool:
-        """An RDMA VF has an RDMA device, or is bound to a netdev driver while a pod holds it.
+        """An RDMA VF has an RDMA device, or is bound to a driver while out of the host view.
 
-        A VF bound to vfio-pci (handed to a VM or DPDK) or to no driver at all serves no RDMA.
+        A VF whose netdev and RDMA device have both left the host has moved into a pod, which
+        only happens to RDMA VFs we handed out (ARCHITECTURE.md, "Allocatable devices"). A VF
+        whose netdev is still on the host but which has no RDMA device (an iavf VF of an
+        E810, an mlx5 VF with RDMA disabled) serves no RDMA; neither does one bound to a VFIO
+        driver (a VM or DPDK holds it) or to no driver at all.
         """
-        if self.driver == "vfio-pci":
+        if is_vfio_driver(self.driver):
             return False
-        return self.rdma_device is not None or self.driver is not None
+        if self.rdma_device is not None:
+            return True
+        return self.netdev is None and self.driver is not None
 
 
 @dataclass(frozen=True, slots=True)
