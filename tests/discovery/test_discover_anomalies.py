@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 from discovery_helpers import bind_to_vfio, device_dir, move_into_pod, relink, rename_rdma, write
 
+from railyard.allocation.allocator import allocate
+from railyard.allocation.ledger import Ledger
+from railyard.allocation.request import parse_request_spec
+from railyard.allocation.shape import vf_allocatable, vf_held_in_pod
 from railyard.discovery import sysfs as sysfs_module
 from railyard.discovery.discover import discover
 from railyard.discovery.profiles import DGX_H100, build_topology
@@ -20,8 +24,32 @@ GPU0, NIC0, VF0, VF1 = "0000:1b:00.0", "0000:18:00.0", "0000:18:00.1", "0000:18:
 NIC_NUMA0_OTHER_ROOT = "0000:40:00.0"  # mlx5_3, same socket as GPU0, other root complex
 
 
+ROUTE_HEADER = ("Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\t"
+                "Window\tIRTT\n")
+
+
 def _warning_paths(found) -> list[str]:
     return [w.path for w in found.warnings]
+
+
+def _strip_rdma(root: Path, address: str) -> None:
+    """A VF that never got an RDMA device (iavf VF of an E810, mlx5 VF with RDMA disabled or
+    mlx5_ib not loaded): driver bound, netdev on the host, no infiniband/ folders."""
+    folder = device_dir(root, address)
+    for sub in ("infiniband", "infiniband_verbs"):
+        for name in os.listdir(folder / sub):
+            (root / "sys/class" / sub / name).unlink()
+        shutil.rmtree(folder / sub)
+
+
+def _add_ipoib_child(root: Path, address: str, parent: str, child: str) -> Path:
+    """An IPoIB P_Key child (`ip link add … type ipoib pkey 0x8001`): rdma_init_netdev()
+    parents it on the HCA's PCI function, beside its parent, with no lower_ link to it."""
+    net = device_dir(root, address) / "net"
+    shutil.copytree(net / parent, net / child, symlinks=True)
+    (root / "sys/class/net" / child).symlink_to(
+        os.path.relpath(net / child, root / "sys/class/net"))
+    return net / child
 
 
 # ------------------------------------------------------------------------------ NUMA
@@ -64,6 +92,33 @@ def test_vf_bound_to_vfio_pci_is_listed_with_its_driver_and_not_as_rdma(h100: Pa
     assert not vf.is_rdma
     assert vf.vf_index == 1
     assert found.warnings == ()
+
+
+def test_vf_bound_to_a_vfio_variant_driver_is_not_an_rdma_vf_held_in_a_pod(h100: Path) -> None:
+    # mlx5_vfio_pci (ConnectX live-migration VFIO driver) is a VFIO driver like vfio-pci: no
+    # netdev, no RDMA device, ever. Counted as an RDMA VF "held in some pod", it would keep
+    # its PF from ever being taken whole.
+    bind_to_vfio(h100, VF0)
+    other = h100 / "sys/bus/pci/drivers/mlx5_vfio_pci"
+    other.mkdir()
+    relink(device_dir(h100, VF0) / "driver", other)
+    _, vf = discover(h100).topology.vf(VF0)
+    assert (vf.driver, vf.netdev, vf.rdma_device) == ("mlx5_vfio_pci", None, None)
+    assert not vf.is_rdma
+    assert not vf_held_in_pod(vf)
+
+
+def test_vf_with_a_host_netdev_but_no_rdma_device_is_not_an_rdma_vf(h100: Path) -> None:
+    # Its netdev is still in the host namespace, so it is not inside a pod: it simply has no
+    # RDMA device, and a pod asking for RDMA VFs must not get it.
+    _strip_rdma(h100, VF0)
+    t = discover(h100).topology
+    _, vf = t.vf(VF0)
+    assert vf.netdev is not None and vf.rdma_device is None and vf.driver == "mlx5_core"
+    assert not vf.is_rdma
+    assert not vf_allocatable(vf) and not vf_held_in_pod(vf)
+    a = allocate(t, Ledger(t), parse_request_spec("gpus=1,vfs=1"))
+    assert a.pairs[0].nic.pci_address == VF1, "the RDMA VF beside it, never the plain one"
 
 
 def test_vf_inside_a_pod_is_kept_by_pci_address(h100: Path) -> None:
@@ -129,6 +184,43 @@ def test_dangling_virtfn_link_skips_that_vf_and_warns(h100: Path) -> None:
     paths = _warning_paths(found)
     assert str(h100 / "sys/bus/pci/devices" / VF1) in paths
     assert any("dangling symlink" in str(w) for w in found.warnings)
+
+
+def test_virtfn_link_vanishing_while_discovered_is_a_warning(h100: Path, monkeypatch) -> None:
+    # The PF disables SR-IOV mid-discovery: after the PCI bus was listed and the PF's
+    # virtfn1 link read, the VF's folder goes, then the link too, before discovery words
+    # its warning about the dangling link.
+    link = device_dir(h100, NIC0) / "virtfn1"
+    folder = device_dir(h100, VF1)
+    move_into_pod(h100, VF1)
+    shutil.rmtree(folder)
+    (h100 / "sys/bus/pci/devices" / VF1).unlink()
+    real_isdir = os.path.isdir
+
+    def isdir_then_vanish(path) -> bool:
+        if str(path) == str(folder) and os.path.lexists(link):
+            link.unlink()
+        return real_isdir(path)
+
+    monkeypatch.setattr(os.path, "isdir", isdir_then_vanish)
+    found = discover(h100)
+    monkeypatch.undo()
+    assert [v.pci_address for v in found.topology.nic(NIC0).vfs] == [VF0]
+    assert any(w.path == str(link) and "dangling symlink" in w.reason for w in found.warnings)
+
+
+@pytest.mark.parametrize("rel", [
+    "sys/devices/system/node/node\u00b2",
+    "sys/bus/pci/devices/0000:18:00.0/virtfn\u00b2",
+    "sys/bus/pci/devices/0000:18:00.0/infiniband/mlx5_0/ports/\u00b2",
+    "sys/bus/pci/devices/0000:18:00.0/infiniband_verbs/uverbs\u00b2",
+], ids=["node", "virtfn", "ports", "uverbs"])
+def test_entry_names_with_non_ascii_digits_are_skipped_not_tracebacks(h100: Path,
+                                                                      rel: str) -> None:
+    # str.isdigit() is True for "²" but int("²") raises. Kernels never make such names, but
+    # `railyard discover --sysfs-root` reads any tree a user points it at.
+    (h100 / rel).mkdir()
+    assert discover(h100).topology == build_topology(DGX_H100, 2)
 
 
 # ----------------------------------------------------------------------- RDMA names
@@ -287,6 +379,38 @@ def test_default_route_over_a_bond_marks_the_bonded_pfs(h100: Path) -> None:
           "bond0\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0")
     t = discover(h100).topology
     assert [n.pci_address for n in t.nics if n.default_route] == ["0000:19:00.0", "0000:19:00.1"]
+
+
+def test_default_route_on_an_ipoib_child_interface_marks_its_pf(h100: Path) -> None:
+    # The child sits in the PF's net/ folder with no lower_ link to ibp24s0; the PF is
+    # reported with its first netdev, but the child's default route is on the same port.
+    _add_ipoib_child(h100, NIC0, "ibp24s0", "ibp24s0.8001")
+    write(h100 / "proc/net/route",
+          ROUTE_HEADER + "ibp24s0.8001\t00000000\t0100000A\t0003\t0\t0\t0\t00000000\t0\t0\t0")
+    found = discover(h100)
+    assert found.topology.nic(NIC0).netdev == "ibp24s0"
+    assert [n.pci_address for n in found.topology.nics if n.default_route] == [NIC0]
+
+
+def test_phys_port_name_the_driver_does_not_implement_is_no_warning(h100: Path,
+                                                                    monkeypatch) -> None:
+    # IPoIB and mlx4 netdevs have the attribute, but reading it fails with EOPNOTSUPP: no
+    # name, like a missing file, not an unreadable one.
+    child = _add_ipoib_child(h100, NIC0, "ibp24s0", "ibp24s0.8001")
+    for net in (child.parent / "ibp24s0", child):
+        write(net / "phys_port_name", "")
+    real = sysfs_module.read_attribute
+
+    def read_attribute(path: str) -> str:
+        if path.endswith("/phys_port_name"):
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        return real(path)
+
+    monkeypatch.setattr(sysfs_module, "read_attribute", read_attribute)
+    found = discover(h100)
+    monkeypatch.undo()
+    assert found.topology.nic(NIC0).netdev == "ibp24s0"
+    assert found.warnings == ()
 
 
 # ------------------------------------------------------------------------ other shapes

@@ -50,6 +50,16 @@ _NETWORK_CLASS = 0x02
 _BRIDGE_SUBCLASSES = frozenset({0x0604, 0x0609})
 # Switchdev representors share their PF's `net/` folder; the uplink is the one to report.
 _REPRESENTOR_RE = re.compile(r"^(c\d+)?pf\d+(vf\d+|sf\d+)?$")
+# Decimal numbers in entry names (node<N>, virtfn<N>, ports/<N>, uverbs<N>): ASCII only, as
+# the kernel writes them; str.isdigit() would also pass "²", which int() refuses.
+_DECIMAL_RE = re.compile(r"[0-9]+", re.ASCII)
+
+
+def _number_after(prefix: str, name: str) -> int | None:
+    """N of `<prefix>N`; None for any other name."""
+    if not name.startswith(prefix) or not _DECIMAL_RE.fullmatch(name, len(prefix)):
+        return None
+    return int(name[len(prefix):])
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +101,7 @@ class _Reader:
         self.functions: dict[str, _Function] = {}
         self._paths: dict[str, PciePath | None] = {}
         self._numa_cpus: list[tuple[int, frozenset[int]]] = []
+        self._pf_netdevs: dict[str, list[str]] = {}  # every netdev in each PF's net/ folder
 
     def run(self) -> Discovery:
         fs = self.fs
@@ -101,7 +112,8 @@ class _Reader:
         nic_rows = self._nics()
         routed = self._default_route_netdevs()
         nics = tuple(
-            _with_default_route(nic, routed) for nic, _, _ in nic_rows
+            _with_default_route(nic, self._pf_netdevs.get(nic.pci_address, []), routed)
+            for nic, _, _ in nic_rows
         )
         distance = distances_for(
             {g.pci_address: (path, place) for g, path, place in gpu_rows},
@@ -122,8 +134,9 @@ class _Reader:
         fs = self.fs
         node_dir = fs.path("sys", "devices", "system", "node")
         ids = sorted(
-            int(name[4:]) for name in fs.listdir(node_dir, optional=True)
-            if name.startswith("node") and name[4:].isdigit()
+            i for i in (_number_after("node", name)
+                        for name in fs.listdir(node_dir, optional=True))
+            if i is not None
         )
         if not ids:
             fs.warn(node_dir, "no NUMA nodes listed; devices get no NUMA placement")
@@ -354,14 +367,15 @@ class _Reader:
         claimed: dict[str, str] = {}  # VF address -> PF address
         for pf in pfs:
             links = sorted(
-                (int(name[6:]), name) for name in entries[pf.address] or ()
-                if name.startswith("virtfn") and name[6:].isdigit()
+                (index, name) for name in entries[pf.address] or ()
+                if (index := _number_after("virtfn", name)) is not None
             )
             for index, name in links:
                 link = f"{pf.dir}/{name}"
-                folder = fs.resolve_link(link)
-                if folder is None:
+                target = fs.readlink(link)
+                if target is None:
                     continue
+                folder = os.path.normpath(os.path.join(pf.dir, target))
                 address = os.path.basename(folder)
                 if address in claimed:
                     fs.warn(link, f"duplicate link to VF {address}, already listed by "
@@ -369,7 +383,7 @@ class _Reader:
                     continue
                 if address not in entries:
                     if not os.path.isdir(folder):
-                        fs.warn(link, f"dangling symlink to {os.readlink(link)}; VF skipped")
+                        fs.warn(link, f"dangling symlink to {target}; VF skipped")
                         continue
                     entries[address] = None
                 claimed[address] = pf.address
@@ -439,7 +453,8 @@ class _Reader:
         return (uplinks or netdevs)[0]
 
     def _pick_uverbs(self, folder: str, verbs: list[str], rdma: str | None) -> str | None:
-        verbs = sorted(verbs, key=lambda v: int(v[6:]) if v[6:].isdigit() else 1 << 30)
+        verbs = sorted(verbs, key=lambda v: (_number_after("uverbs", v) is None,
+                                             _number_after("uverbs", v) or 0, v))
         if len(verbs) <= 1 or rdma is None:
             return verbs[0] if verbs else None
         for v in verbs:
@@ -469,10 +484,12 @@ class _Reader:
             if numvfs is not None and numvfs != len(vfs):
                 fs.warn(f"{pf.dir}/sriov_numvfs",
                         f"says {numvfs} VFs, found {len(vfs)} (virtfn links and physfn)")
+        netdevs = self._listing(pf.dir, "net", names)
+        self._pf_netdevs[pf.address] = netdevs
         nic = Nic(
             pci_address=pf.address,
             rdma_device=rdma_device,
-            netdev=self._pick_netdev(pf.dir, self._listing(pf.dir, "net", names)),
+            netdev=self._pick_netdev(pf.dir, netdevs),
             numa_node=numa,
             link_layer=link_layer,
             port_state=port_state,
@@ -491,7 +508,8 @@ class _Reader:
         """Link layer, state and rate of the RDMA device's first port."""
         fs = self.fs
         ports = sorted(
-            (int(p) for p in fs.listdir(f"{rdma_dir}/ports") if p.isdigit()),
+            i for i in (_number_after("", p) for p in fs.listdir(f"{rdma_dir}/ports"))
+            if i is not None
         )
         if not ports:
             return None, None, None
@@ -504,8 +522,11 @@ class _Reader:
         )
 
 
-def _with_default_route(nic: Nic, routed: frozenset[str]) -> Nic:
-    if nic.netdev is None or nic.netdev not in routed:
+def _with_default_route(nic: Nic, netdevs: list[str], routed: frozenset[str]) -> Nic:
+    """Mark the PF when any netdev of its function carries the default route: not only the
+    one reported as `netdev`, but IPoIB P_Key children (`ib0.8001`), which the kernel parents
+    on the HCA's PCI function without a `lower_` link to `ib0`."""
+    if routed.isdisjoint(netdevs):
         return nic
     return replace(nic, default_route=True)
 

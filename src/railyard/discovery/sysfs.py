@@ -13,8 +13,10 @@ import os
 import re
 from dataclasses import dataclass
 
+from railyard.topology.model import PCI_ADDRESS_RE
+
 # A PCI function folder name: domain (4+ hex digits; VMD domains use 5), bus, device.function.
-BDF_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+BDF_RE = PCI_ADDRESS_RE
 # A root complex folder under sys/devices: pci<domain>:<bus>.
 ROOT_COMPLEX_RE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
@@ -52,9 +54,10 @@ def read_attribute(path: str) -> str:
 def describe_error(path: str, exc: OSError) -> str:
     """Why `path` could not be read, in words a user can act on."""
     if exc.errno == errno.ENOENT:
-        if os.path.islink(path):
+        try:
             return f"dangling symlink to {os.readlink(path)}"
-        return "missing (absent or vanished while reading)"
+        except OSError:  # not a link, or it vanished too
+            return "missing (absent or vanished while reading)"
     if exc.errno == errno.ENODEV:
         return "device vanished while reading"
     return exc.strerror or type(exc).__name__
@@ -80,6 +83,10 @@ class Sysfs:
 
     def _fail(self, path: str, exc: OSError, optional: bool) -> None:
         if optional and exc.errno == errno.ENOENT and not os.path.islink(path):
+            return
+        # An attribute the driver does not implement (phys_port_name on IPoIB or mlx4
+        # netdevs) exists but fails its read with EOPNOTSUPP: for an optional one, absent.
+        if optional and exc.errno == errno.EOPNOTSUPP:
             return
         self.warn(path, describe_error(path, exc))
 
