@@ -37,3 +37,18 @@ def test_a_bare_group_shows_its_commands_and_exits_2():
     r = railyard("cni")
     assert r.returncode == 2
     assert "serve" in r.stdout and "install" in r.stdout
+
+
+@pytest.mark.parametrize("content", [
+    "[" * 100_000,  # RecursionError inside json.loads
+    '[{"version": 1, "node": "generic", "decidedBy": "scheduler", "numaNodes": [0], '
+    '"memoryBytes": {"\u00b2": 1}, "pairs": []}]',  # "²".isdigit(), but int("²") fails
+], ids=["deeply-nested-json", "superscript-numa-key"])
+def test_allocate_used_file_errors_are_one_line_without_traceback(tmp_path: Path,
+                                                                  content: str) -> None:
+    used = tmp_path / "used.json"
+    used.write_text(content, encoding="utf-8")
+    r = railyard("allocate", "--profile", "generic", "--request", "gpus=1", "--used", str(used))
+    assert "Traceback" not in r.stderr
+    assert r.returncode == 2 and r.stderr.startswith("railyard: error: --used")
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

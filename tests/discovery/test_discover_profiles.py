@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from railyard.allocation.allocator import allocate
+from railyard.allocation.ledger import Ledger
+from railyard.allocation.request import parse_request_spec
 from railyard.discovery.discover import discover
 from railyard.discovery.fixture import write_fixture
-from railyard.discovery.profiles import DGX_H100, PROFILES, build_topology
+from railyard.discovery.profiles import DGX_H100, GENERIC, PROFILES, build_topology
+from railyard.records.allocation import decode_allocation, encode_allocation
+from railyard.records.topology import topology_from_json, topology_to_json
 
 
 @pytest.mark.parametrize("vfs_per_pf", [0, 1, 8])
@@ -28,6 +34,21 @@ def test_over_a_thousand_vfs_are_discovered_exactly(tree_dir: Path) -> None:
     found = discover(write_fixture(DGX_H100, tree_dir / "root", 127))
     assert found.topology == build_topology(DGX_H100, 127)
     assert sum(len(n.vfs) for n in found.topology.nics) == 8 * 127
+
+
+def test_a_node_behind_an_intel_vmd_domain_is_discovered_allocated_and_recorded(
+        tree_dir: Path) -> None:
+    # VMD puts the devices behind it in PCI domain 10000 (5 hex digits). Discovery, the
+    # allocator and the CNI take such addresses; the records must too, or an allocation on
+    # the node is written but never decoded.
+    spec = replace(GENERIC, roots=tuple(
+        replace(r, domain=0x10000) if r.bus == 0x10 else r for r in GENERIC.roots))
+    t = build_topology(spec, 2)
+    assert discover(write_fixture(spec, tree_dir / "root", 2)).topology == t
+    assert topology_from_json(topology_to_json(t)) == t
+    a = allocate(t, Ledger(t), parse_request_spec("gpus=1,vfs=1"))
+    assert a.pairs[0].nic.pci_address == "10000:13:00.1"
+    assert decode_allocation(encode_allocation(a)) == a
 
 
 def test_node_name_given_to_the_writer_is_the_discovered_node(tree_dir: Path) -> None:

@@ -113,6 +113,71 @@ def test_cpu_ids_beyond_any_kernel_are_refused_without_expanding_them(cpus):
         decode_allocation(json.dumps(doc))
 
 
+@pytest.mark.parametrize("cpus", ["0-9_9999", "0-9_999_999_999", "1_0", "\uff10-\uff13", "+3"],
+                         ids=["underscore-range", "ten-billion", "underscore", "fullwidth",
+                              "plus-sign"])
+def test_cpus_that_are_not_an_ascii_kernel_cpulist_are_refused(cpus):
+    # int() takes PEP 515 underscores, full-width digits and signs: a bound checked on \d+
+    # runs let "0-9_9999" past 65535 ("0-9_999_999_999" would expand to ten billion CPUs in
+    # the agent) and "1_0" silently mean CPU 10.
+    doc = allocation_to_json(Allocation("n", (0,), None, ()))
+    doc["cpus"] = cpus
+    with pytest.raises(RecordError, match=r"allocation\.cpus"):
+        decode_allocation(json.dumps(doc))
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000,  # RecursionError inside json.loads
+    json.dumps({**allocation_to_json(Allocation("n", (0,), None, ())),
+                "memoryBytes": {"\u00b2": 1}}),  # "²".isdigit(), but int("²") fails
+    json.dumps({**allocation_to_json(Allocation("n", (0,), None, ())),
+                "memoryBytes": {"9" * 5000: 1}}),  # past int()'s digit limit
+], ids=["deeply-nested-json", "superscript-numa-key", "5000-digit-numa-key"])
+def test_malformed_annotation_is_a_record_error_not_another_exception(text):
+    # The kubelet plugins and `railyard allocate --used` catch RecordError only.
+    with pytest.raises(RecordError):
+        decode_allocation(text)
+
+
+@pytest.mark.parametrize("keys", [{"0": 5, "00": 7}, {"01": 5}, {"1234567": 5}])
+def test_memory_keys_must_name_a_numa_node_canonically(keys):
+    # {"0": 5, "00": 7} would decode into two entries for NUMA node 0 that do not survive
+    # re-encoding: the ledger's memory would change when an agent restores its state.
+    doc = allocation_to_json(Allocation("n", (0,), None, ()))
+    doc["memoryBytes"] = keys
+    with pytest.raises(RecordError, match=r"allocation\.memoryBytes: key"):
+        decode_allocation(json.dumps(doc))
+
+
+def test_a_nic_named_twice_with_other_fields_is_refused():
+    # Allocation.all_nics keeps the first mention of an address, so a second one naming
+    # another PF would be silently dropped by the ledger, the kubelet and the CNI.
+    d = _valid()
+    twice = dict(d["pairs"][0], gpu=dict(d["pairs"][0]["gpu"], index=1,
+                                         pciAddress="0000:29:00.0"))
+    d["pairs"].append(dict(twice, nic=dict(twice["nic"], pfPciAddress="0000:19:00.0")))
+    with pytest.raises(RecordError, match=r"allocation\.pairs\[1\]\.nic: 0000:18:00\.1 is also "
+                                          r"allocation\.pairs\[0\]\.nic"):
+        decode_allocation(json.dumps(d))
+    d["pairs"][1] = twice  # shared pairing: the same NIC, described the same way
+    assert len(decode_allocation(json.dumps(d)).all_nics) == 1
+
+
+@pytest.mark.parametrize(("address", "ok"), [
+    ("10000:13:00.1", True), ("ffffffff:00:00.0", True), ("100000000:13:00.1", False),
+    ("000:13:00.1", False), ("0000:13:00.8", False), ("0000:13:00.1\n", False),
+])
+def test_pci_domains_of_four_to_eight_hex_digits_are_accepted(address, ok):
+    # As the kernel (and discovery, the allocator, the CNI) write them: Intel VMD uses 5.
+    d = _valid()
+    d["pairs"][0]["nic"]["pciAddress"] = address
+    if ok:
+        assert decode_allocation(json.dumps(d)).pairs[0].nic.pci_address == address
+    else:
+        with pytest.raises(RecordError, match=r"pairs\[0\]\.nic\.pciAddress: not a PCI"):
+            decode_allocation(json.dumps(d))
+
+
 def test_an_over_long_integer_is_a_record_error_not_a_crash():
     with pytest.raises(RecordError, match="not valid JSON"):
         decode_allocation('{"version": ' + "1" * 5000 + "}")

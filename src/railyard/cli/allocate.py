@@ -100,6 +100,8 @@ def _ledger(topology: NodeTopology, path: Path) -> Ledger:
         fail(f"--used: cannot read {path}: {exc.strerror or exc}")
     except ValueError as exc:  # bad JSON, bad UTF-8, an integer too long to convert
         fail(f"--used: {path} is not valid JSON: {exc}")
+    except RecursionError:  # "[[[[…" nested deeper than the parser's stack
+        fail(f"--used: {path} is not valid JSON: nested too deeply")
     entries: list[tuple[str, Any, str]] = []
     if isinstance(data, dict) and isinstance(data.get("pods"), list):
         for i, pod in enumerate(data["pods"]):

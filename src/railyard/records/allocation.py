@@ -14,14 +14,12 @@ from typing import Any
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.topology.cpus import parse_cpulist
-from railyard.topology.model import Distance
+from railyard.topology.model import PCI_ADDRESS_RE, Distance
 
 VERSION = 1
-_PCI = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_DIGITS = re.compile(r"\d+")
-# Far above any kernel's CPU count (NR_CPUS tops out at 8,192 on x86-64); the annotation is
-# user-editable, so a larger id is refused rather than expanded.
-_MAX_CPU = 65535
+# A NUMA node id as `memoryBytes` keys name it: canonical ASCII decimal, so that no two keys
+# name one node ("0" and "00") and int() never meets "²" or a 5,000-digit string.
+_NUMA_KEY = re.compile(r"0|[1-9][0-9]{0,5}", re.ASCII)
 
 
 class RecordError(ValueError):
@@ -102,8 +100,9 @@ def _tname(types: type | tuple[type, ...]) -> str:
 
 def _pci(d: dict, key: str, where: str) -> str:
     v = _get(d, key, where, str)
-    if not _PCI.match(v):
-        raise RecordError(f"{where}.{key}: not a PCI address (dddd:bb:dd.f): {v!r}")
+    if not PCI_ADDRESS_RE.match(v):
+        raise RecordError(f"{where}.{key}: not a PCI address (dddd:bb:dd.f, domain of 4 to 8 "
+                          f"hex digits): {v[:40]!r}")
     return v
 
 
@@ -152,18 +151,16 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
             raise RecordError(f"{where}.numaNodes[{i}]: expected a NUMA node id")
     cpus = _get(d, "cpus", where, str, nullable=True, required=False)
     if cpus:
-        # Bound the ids before expanding ranges: "0-4000000000" would be a list of 4e9 ints.
-        if any(len(n) > 6 or int(n) > _MAX_CPU for n in _DIGITS.findall(cpus)):
-            raise RecordError(f"{where}.cpus: CPU id beyond {_MAX_CPU} in {cpus[:40]!r}")
-        try:
+        try:  # refuses ids beyond MAX_CPU before expanding a range, and non-ASCII digits
             parse_cpulist(cpus)
         except ValueError as e:
             raise RecordError(f"{where}.cpus: {e}") from None
     mem_raw = _get(d, "memoryBytes", where, dict, required=False) or {}
     memory: list[tuple[int, int]] = []
     for k, b in mem_raw.items():
-        if not k.isdigit():
-            raise RecordError(f"{where}.memoryBytes: key {k!r} is not a NUMA node id")
+        if not _NUMA_KEY.fullmatch(k):
+            raise RecordError(f"{where}.memoryBytes: key {k[:40]!r} is not a NUMA node id "
+                              "(a decimal number without leading zeros)")
         if isinstance(b, bool) or not isinstance(b, int) or b < 0:
             raise RecordError(f"{where}.memoryBytes[{k}]: expected bytes as an integer")
         memory.append((int(k), b))
@@ -182,6 +179,7 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
             for i, n in enumerate(_get(d, "nics", where, list, required=False) or [])]
     gpus = [gpu_from_json(g, f"{where}.gpus[{i}]")
             for i, g in enumerate(_get(d, "gpus", where, list, required=False) or [])]
+    _same_nic_same_fields(pairs, nics, where)
     return Allocation(
         node=_get(d, "node", where, str),
         numa_nodes=tuple(numa),
@@ -196,10 +194,28 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
     )
 
 
+def _same_nic_same_fields(pairs: list[Pair], nics: list[NicRef], where: str) -> None:
+    """A NIC named twice (shared pairing) must be described the same way both times.
+
+    `Allocation.all_nics` keeps the first mention of an address, so a second one with
+    another PF, kind or VF index would be silently dropped by every reader.
+    """
+    first: dict[str, tuple[NicRef, str]] = {}
+    named = [(p.nic, f"{where}.pairs[{i}].nic") for i, p in enumerate(pairs)]
+    named += [(n, f"{where}.nics[{i}]") for i, n in enumerate(nics)]
+    for nic, at in named:
+        seen = first.setdefault(nic.pci_address, (nic, at))
+        if seen[0] != nic:
+            raise RecordError(f"{at}: {nic.pci_address} is also {seen[1]}, "
+                              "with other fields")
+
+
 def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocation:
     """Parse the annotation string; RecordError (naming the field) on anything malformed."""
     try:
         data = json.loads(text)
     except ValueError as e:  # also bad UTF-8 and integers past Python's 4,300-digit limit
         raise RecordError(f"{where}: not valid JSON: {e}") from None
+    except RecursionError:  # "[[[[…" nested deeper than the parser's stack
+        raise RecordError(f"{where}: not valid JSON: nested too deeply") from None
     return allocation_from_json(data, where)
