@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from railyard.discovery.profiles import DGX_H100, PROFILES, build_topology
+from railyard.discovery.profiles import DGX_H100, GENERIC, PROFILES, build_topology
 from railyard.records.topology import TopologyFormatError, topology_from_json, topology_to_json
 from railyard.topology.model import Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
 
@@ -29,9 +29,10 @@ numa = st.none() | st.integers(0, 7)
 
 @st.composite
 def topologies(draw) -> NodeTopology:
-    gpu_addrs = draw(st.lists(addresses, unique=True, max_size=4))
-    nic_addrs = draw(st.lists(addresses.filter(lambda a: a not in gpu_addrs), unique=True,
-                              max_size=4))
+    # Every GPU, PF and VF is its own PCI function: the decoder refuses shared addresses.
+    pool = iter(draw(st.lists(addresses, unique=True, min_size=20, max_size=20)))
+    gpu_addrs = [next(pool) for _ in range(draw(st.integers(0, 4)))]
+    nic_addrs = [next(pool) for _ in range(draw(st.integers(0, 4)))]
     gpus = tuple(
         Gpu(index=i, pci_address=a, numa_node=draw(numa), uuid=draw(names),
             vendor="0x10de", device=draw(st.sampled_from(["0x2330", "0x20b2"])),
@@ -44,7 +45,7 @@ def topologies(draw) -> NodeTopology:
             port_state=draw(st.sampled_from([None, "ACTIVE", "DOWN"])), rate=draw(names),
             driver=draw(names), pcie_root="pci0000:15", switch=draw(names),
             total_vfs=draw(st.integers(0, 127)),
-            vfs=tuple(Vf(pci_address=f"{a}-vf{i}", vf_index=i, rdma_device=draw(names),
+            vfs=tuple(Vf(pci_address=next(pool), vf_index=i, rdma_device=draw(names),
                          netdev=draw(names), driver=draw(names), uverbs=draw(names))
                       for i in range(draw(st.integers(0, 3)))),
             uverbs=draw(names), default_route=draw(st.booleans()))
@@ -119,6 +120,48 @@ def _break(path: list, value) -> dict:
 def test_bad_field_is_named_in_the_error(path: list, value, message: str) -> None:
     with pytest.raises(TopologyFormatError) as err:
         topology_from_json(_break(path, value))
+    assert str(err.value).startswith(message)
+
+
+def _generic_doc() -> dict:
+    return topology_to_json(build_topology(GENERIC, 2))  # nics[0] 0000:13:00.0, gpus[0] 14:00.0
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d["numaNodes"][0].update(cpus="zero"),
+     "numaNodes[0].cpus: bad CPU list element 'zero'"),
+    (lambda d: d["numaNodes"][0].update(cpus="0-9_9999"),
+     "numaNodes[0].cpus: bad CPU list element"),
+    (lambda d: d["numaNodes"][0].update(cpus="0-4000000000"),
+     "numaNodes[0].cpus: bad CPU list element '0-4000000000' in '0-4000000000': CPU ids end"),
+    (lambda d: d["numaNodes"].append(dict(d["numaNodes"][0], cpus="")),
+     "numaNodes[1].id: duplicate NUMA node 0"),
+    (lambda d: d["nics"][1]["vfs"].append(dict(d["nics"][0]["vfs"][0])),
+     "nics[1].vfs[2].pciAddress: duplicate address 0000:13:00.1 (also nics[0].vfs[0]"),
+    (lambda d: d["nics"][1]["vfs"][0].update(pciAddress=d["nics"][0]["pciAddress"]),
+     "nics[1].vfs[0].pciAddress: duplicate address 0000:13:00.0 (also nics[0].pciAddress)"),
+    (lambda d: d["nics"][1]["vfs"][0].update(pciAddress=d["gpus"][0]["pciAddress"]),
+     "nics[1].vfs[0].pciAddress: duplicate address 0000:14:00.0 (also gpus[0].pciAddress)"),
+    (lambda d: d["nics"][0].update(pciAddress=d["gpus"][0]["pciAddress"]),
+     "nics[0].pciAddress: duplicate address 0000:14:00.0 (also gpus[0].pciAddress)"),
+    (lambda d: d["gpus"][0].update(pciAddress="eth0"),
+     "gpus[0].pciAddress: not a PCI address"),
+    (lambda d: d["nics"][0].update(pciAddress="0000:13:00.0\n"),
+     "nics[0].pciAddress: not a PCI address"),
+    (lambda d: d["nics"][0]["vfs"][0].update(pciAddress="0000:13:00.0-vf0"),
+     "nics[0].vfs[0].pciAddress: not a PCI address"),
+], ids=["word-cpulist", "underscore-cpulist", "huge-cpulist", "numa-id-twice",
+        "vf-under-two-pfs", "vf-aliases-pf", "vf-aliases-gpu", "pf-aliases-gpu", "non-pci-gpu",
+        "newline-pf", "non-pci-vf"])
+def test_document_the_core_cannot_use_is_a_format_error_naming_the_field(edit,
+                                                                         message: str) -> None:
+    # Each of these decoded before and broke the core later: the extender's Ledger raised a
+    # bare ValueError on the cpulist; a VF with a PF's address let the allocator grant that
+    # PF as a "VF" while another VF of the same PF went to the same pod.
+    d = _generic_doc()
+    edit(d)
+    with pytest.raises(TopologyFormatError) as err:
+        topology_from_json(d)
     assert str(err.value).startswith(message)
 
 

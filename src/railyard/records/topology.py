@@ -2,15 +2,18 @@
 NodeTopology CR all embed this document (shape in docs/topology.md).
 
 Decoding validates once at the boundary and names the offending field
-(`nics[3].vfs[0].pciAddress: expected string`), so the core can trust the types. Unknown keys
-are ignored, so a newer writer's additions do not break an older reader of the same version.
+(`nics[3].vfs[0].pciAddress: expected string`): the types, and what the core relies on beyond
+them — cpulists parse (ids up to MAX_CPU), addresses are PCI addresses, every GPU, PF and VF
+address and every NUMA id is listed once, the distance table is complete. Unknown keys are
+ignored, so a newer writer's additions do not break an older reader of the same version.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from railyard.topology.model import Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
+from railyard.topology.cpus import parse_cpulist
+from railyard.topology.model import PCI_ADDRESS_RE, Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
 
 VERSION = 1
 
@@ -114,6 +117,21 @@ class _Obj:
             raise TopologyFormatError(self._at(key), f"expected string, got {_kind(value)}")
         return value
 
+    def pci_address(self, key: str) -> str:
+        value = self.string(key)
+        if not PCI_ADDRESS_RE.match(value):
+            raise TopologyFormatError(self._at(key), "not a PCI address (dddd:bb:dd.f, domain "
+                                                     f"of 4 to 8 hex digits): {value[:40]!r}")
+        return value
+
+    def cpulist(self, key: str) -> str:
+        value = self.string(key)
+        try:
+            parse_cpulist(value)
+        except ValueError as exc:
+            raise TopologyFormatError(self._at(key), str(exc)) from None
+        return value
+
     def string_or_null(self, key: str) -> str | None:
         value = self._get(key, True)
         if value is not None and not isinstance(value, str):
@@ -168,13 +186,17 @@ def topology_from_json(document: Any) -> NodeTopology:
     if version != VERSION:
         raise TopologyFormatError("version", f"unsupported version {version}, expected {VERSION}")
     numa = tuple(
-        NumaNode(id=o.integer("id"), cpus=o.string("cpus"), memory_bytes=o.integer("memoryBytes"))
+        NumaNode(id=o.integer("id"), cpus=o.cpulist("cpus"),
+                 memory_bytes=o.integer("memoryBytes"))
         for o in (_Obj(v, w) for v, w in top.array("numaNodes"))
     )
+    for i, n in enumerate(numa):
+        if any(m.id == n.id for m in numa[:i]):
+            raise TopologyFormatError(f"numaNodes[{i}].id", f"duplicate NUMA node {n.id}")
     gpus = tuple(
         Gpu(
             index=o.integer("index"),
-            pci_address=o.string("pciAddress"),
+            pci_address=o.pci_address("pciAddress"),
             numa_node=o.integer_or_null("numaNode"),
             uuid=o.string_or_null("uuid"),
             vendor=o.string("vendor"),
@@ -185,8 +207,7 @@ def topology_from_json(document: Any) -> NodeTopology:
         for o in (_Obj(v, w) for v, w in top.array("gpus"))
     )
     nics = tuple(_nic_from_json(_Obj(v, w)) for v, w in top.array("nics"))
-    _unique("gpus", [g.pci_address for g in gpus])
-    _unique("nics", [n.pci_address for n in nics])
+    _unique_addresses(gpus, nics)
     distance = _distance_from_json(top, gpus, nics)
     return NodeTopology(node=top.string("node"), numa_nodes=numa, gpus=gpus, nics=nics,
                         distance=distance, version=version)
@@ -195,7 +216,7 @@ def topology_from_json(document: Any) -> NodeTopology:
 def _nic_from_json(o: _Obj) -> Nic:
     vfs = tuple(
         Vf(
-            pci_address=v.string("pciAddress"),
+            pci_address=v.pci_address("pciAddress"),
             vf_index=v.integer("vfIndex"),
             rdma_device=v.string_or_null("rdmaDevice"),
             netdev=v.string_or_null("netdev"),
@@ -205,7 +226,7 @@ def _nic_from_json(o: _Obj) -> Nic:
         for v in (_Obj(item, w) for item, w in o.array("vfs", optional=True))
     )
     return Nic(
-        pci_address=o.string("pciAddress"),
+        pci_address=o.pci_address("pciAddress"),
         rdma_device=o.string_or_null("rdmaDevice"),
         netdev=o.string_or_null("netdev"),
         numa_node=o.integer_or_null("numaNode"),
@@ -222,12 +243,19 @@ def _nic_from_json(o: _Obj) -> Nic:
     )
 
 
-def _unique(field: str, addresses: list[str]) -> None:
-    seen: set[str] = set()
-    for i, a in enumerate(addresses):
-        if a in seen:
-            raise TopologyFormatError(f"{field}[{i}].pciAddress", f"duplicate address {a}")
-        seen.add(a)
+def _unique_addresses(gpus: tuple[Gpu, ...], nics: tuple[Nic, ...]) -> None:
+    """One PCI function is one device: a VF listed twice, or under a PF's or a GPU's address,
+    would let the allocator grant one function twice or a PF as a VF."""
+    named = [(g.pci_address, f"gpus[{i}].pciAddress") for i, g in enumerate(gpus)]
+    named += [(n.pci_address, f"nics[{i}].pciAddress") for i, n in enumerate(nics)]
+    named += [(v.pci_address, f"nics[{i}].vfs[{j}].pciAddress")
+              for i, n in enumerate(nics) for j, v in enumerate(n.vfs)]
+    seen: dict[str, str] = {}
+    for address, field in named:
+        if address in seen:
+            raise TopologyFormatError(field, f"duplicate address {address} "
+                                             f"(also {seen[address]})")
+        seen[address] = field
 
 
 def _distance_from_json(top: _Obj, gpus: tuple[Gpu, ...],
