@@ -10,7 +10,7 @@ import pytest
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request, parse_request_spec
-from railyard.allocation.types import Allocation
+from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.discovery.profiles import build_topology, profile
 from railyard.records.allocation import RecordError
 from railyard.records.koordinator import (
@@ -18,7 +18,7 @@ from railyard.records.koordinator import (
     encode_device_allocated,
     rdma_minor,
 )
-from railyard.topology.model import NodeTopology
+from railyard.topology.model import Distance, NodeTopology
 
 H100 = build_topology(profile("dgx-h100"))
 
@@ -89,3 +89,36 @@ def test_allocation_of_another_node_is_refused_naming_the_field():
     vf_only = allocated(H100, Request(vfs=1))
     with pytest.raises(RecordError, match=r"nics\[0\]\.pfPciAddress: PF 0000:18:00.0 is not"):
         device_allocated_to_json(vf_only, a100)
+
+
+GENERIC2 = build_topology(profile("generic"), 2)  # PFs 0000:13:00.0 and 0000:42:00.0
+
+
+def _with(nic: NicRef, paired: bool) -> Allocation:
+    t = GENERIC2
+    if paired:
+        return Allocation(t.node, (0,), None, (),
+                          pairs=(Pair(GpuRef.of(t.gpus[0]), nic, Distance.PIX),))
+    return Allocation(t.node, (0,), None, (), nics=(nic,))
+
+
+def test_a_vf_that_is_not_on_the_node_is_refused_naming_the_field():
+    # Only the PF was looked up: a VF that does not exist still got an entry.
+    ghost = NicRef("vf", "0000:99:00.1", GENERIC2.nics[0].pci_address, 0, None, None)
+    with pytest.raises(RecordError, match=r"allocation\.pairs\[0\]\.nic\.pciAddress: VF "
+                                          r"0000:99:00\.1 is not a VF of 0000:13:00\.0 .*"
+                                          r"not on the node"):
+        device_allocated_to_json(_with(ghost, paired=True), GENERIC2)
+
+
+def test_a_vf_recorded_under_another_pf_is_refused_naming_the_field():
+    # Koordinator would have counted pf1's VF against pf0.
+    pf0, pf1 = GENERIC2.nics
+    wrong = NicRef("vf", pf1.vfs[0].pci_address, pf0.pci_address, 0, None, None)
+    with pytest.raises(RecordError, match=r"allocation\.nics\[0\]\.pciAddress: VF "
+                                          r"0000:42:00\.1 is not a VF of 0000:13:00\.0 .*"
+                                          r"a VF of 0000:42:00\.0"):
+        device_allocated_to_json(_with(wrong, paired=False), GENERIC2)
+    right = replace(wrong, pf_pci_address=pf1.pci_address)
+    assert device_allocated_to_json(_with(right, paired=False), GENERIC2)["rdma"][0]["id"] == (
+        pf1.pci_address)

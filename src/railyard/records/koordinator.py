@@ -35,11 +35,19 @@ def rdma_minor(rdma_device: str | None) -> int:
 
 
 def _rdma_entry(nic: NicRef, topology: NodeTopology, where: str) -> dict[str, Any]:
+    """One RDMA entry, under the PF the topology says the device belongs to."""
     try:
         pf = topology.nic(nic.pf_pci_address)
     except KeyError:
         raise RecordError(f"{where}.pfPciAddress: PF {nic.pf_pci_address} is not on "
                           f"{topology.node}") from None
+    if nic.kind == "vf" and not any(v.pci_address == nic.pci_address for v in pf.vfs):
+        try:
+            owner = f"a VF of {topology.vf(nic.pci_address)[0].pci_address}"
+        except KeyError:
+            owner = "not on the node"
+        raise RecordError(f"{where}.pciAddress: VF {nic.pci_address} is not a VF of "
+                          f"{pf.pci_address} on {topology.node} ({owner})")
     entry: dict[str, Any] = {"minor": rdma_minor(pf.rdma_device), "id": pf.pci_address}
     if nic.kind == "pf":
         entry["resources"] = {RDMA: WHOLE_DEVICE}
@@ -62,7 +70,8 @@ def device_allocated_to_json(a: Allocation, topology: NodeTopology) -> dict[str,
     """`{"gpu": [...], "rdma": [...]}`: GPUs in pair order, then NICs in pair order, one
     entry per VF (Koordinator holds one VF per PF entry) or whole PF.
 
-    Raises RecordError naming the field when a device is not on `topology`.
+    Raises RecordError naming the field when a device is not on `topology`, or a VF is
+    recorded under a PF it does not belong to.
     """
     if a.node != topology.node:
         raise RecordError(f"allocation.node: {a.node!r} is not {topology.node!r}")
