@@ -56,3 +56,12 @@ def test_pods_without_identity_are_skipped_with_a_warning():
 def test_not_a_list_of_pods(data):
     with pytest.raises(PodsFileError):
         parse_pods(data)
+
+
+def test_a_non_string_creation_timestamp_is_read_as_absent_with_a_warning():
+    odd = pod("odd")
+    odd["metadata"]["creationTimestamp"] = 1767225600
+    pods, warnings = parse_pods([odd, pod("ok")], where="pods.json")
+    assert [(p.uid, p.created) for p in pods] == [("odd", ""), ("ok", "")]
+    assert warnings == ["pods.json[0] (ns/odd): metadata.creationTimestamp: expected an "
+                        "RFC 3339 string, got int; read as absent"]

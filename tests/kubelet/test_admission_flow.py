@@ -266,6 +266,21 @@ async def test_a_record_naming_a_vf_as_a_whole_pf_is_not_followed(tmp_path, gene
 
 
 @async_test
+async def test_a_pod_with_a_non_string_creation_timestamp_does_not_break_allocate(
+        tmp_path, generic_tree):
+    """Candidates without a record are ordered by creationTimestamp; one pod whose timestamp
+    is a number must not fail kubelet's calls for the others (it made the sort raise)."""
+    odd = pod("uid-odd", {"main": {VF: 1}}, name="odd")
+    odd["metadata"]["creationTimestamp"] = 1767225600
+    ok = pod("uid-ok", {"main": {VF: 1}}, name="ok")
+    async with rig(tmp_path, generic_tree, [odd, ok]) as r:
+        vf = r.kubelet.client(VF)
+        resp = await vf.allocate([VFS0[0]])
+        assert resp.envs["PCIDEVICE_RAILYARD_DEV_VF"] == VFS0[0]
+        await vf.close()
+
+
+@async_test
 async def test_pod_that_bypassed_the_scheduler_gets_the_best_local_pairing(tmp_path,
                                                                            generic_tree):
     pods = [pod("uid-direct", {"main": {GPU: 2, VF: 2}})]

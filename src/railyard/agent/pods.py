@@ -50,9 +50,12 @@ def parse_pods(data: object, names: ResourceNames = DEFAULT_RESOURCES,
     pods, warnings = [], []
     for i, item in enumerate(items):
         try:
-            pods.append(pod_view(item, names))
+            view = pod_view(item, names)
         except PodError as e:
             warnings.append(f"{where}[{i}]: {e}; pod ignored")
+            continue
+        pods.append(view)
+        warnings += [f"{where}[{i}] ({view}): {p}" for p in view.problems]
     return pods, warnings
 
 

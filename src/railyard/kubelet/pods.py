@@ -53,6 +53,7 @@ class PodView:
     request_error: str | None
     raw: dict[str, Any]
     init_containers: tuple[ContainerView, ...] = ()  # spec.initContainers, sidecars included
+    problems: tuple[str, ...] = ()  # fields read as absent because they were malformed
 
     @property
     def admission_order(self) -> tuple[ContainerView, ...]:
@@ -147,6 +148,13 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         request_error = str(e)
     node = spec.get("nodeName")
     phase = status.get("phase")
+    problems = []
+    created = meta.get("creationTimestamp")
+    if created is not None and not isinstance(created, str):
+        # Candidates are ordered by it as text; one number here must not break that order.
+        problems.append(f"metadata.creationTimestamp: expected an RFC 3339 string, got "
+                        f"{type(created).__name__}; read as absent")
+        created = None
     return PodView(
         uid=meta["uid"],
         namespace=meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default",
@@ -154,7 +162,7 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         node_name=node if isinstance(node, str) and node else None,
         phase=phase if isinstance(phase, str) and phase else "Pending",
         deleting=meta.get("deletionTimestamp") is not None,
-        created=meta.get("creationTimestamp") or "",
+        created=created or "",
         containers=views,
         allocation=allocation,
         allocation_error=alloc_error,
@@ -162,4 +170,5 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         request_error=request_error,
         raw=pod,
         init_containers=init_views,
+        problems=tuple(problems),
     )
