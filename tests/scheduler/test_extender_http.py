@@ -209,7 +209,15 @@ def test_pods_without_devices_are_bound_through_the_writer_without_an_allocation
     assert ext.state.pods() == []
 
 
-def test_preempt_returns_the_fewest_device_holders_in_both_forms():
+# kube-scheduler's side of preemption (pkg/scheduler/framework/preemption): its victims on
+# a node come from SelectVictimsOnNode, which removes every lower-priority pod and then
+# reprieves each one its own filters (CPU, memory, nvidia.com/gpu...) can spare, so every
+# pod left in the list is needed by them. Evaluator.callExtenders then fails the whole
+# preemption on any node an extender answers with no victims ("expected at least one
+# victim pod on node") unless the extender is ignorable, which ours is not.
+
+
+def test_preempt_answers_kube_schedulers_whole_victim_list_in_both_forms_or_leaves_the_node_out():
     ext = extender()
     for i in range(8):
         ext.state.bind(f"v{i}", "ml", f"v{i}", "dgx-h100-000", pod_request(1))
@@ -230,12 +238,54 @@ def test_preempt_returns_the_fewest_device_holders_in_both_forms():
         return meta, full, bad
 
     (status, meta), (_, full), (bad_status, bad) = run(scenario, ext)
-    assert status == 200 and list(meta["NodeNameToMetaVictims"]) == ["dgx-h100-000"]
-    chosen = meta["NodeNameToMetaVictims"]["dgx-h100-000"]
-    assert len(chosen["Pods"]) == 2 and {p["UID"] for p in chosen["Pods"]} <= set(victims)
+    assert status == 200 and meta == {"NodeNameToMetaVictims": {"dgx-h100-000": {
+        "Pods": [{"UID": u} for u in victims], "NumPDBViolations": 1}}}
     assert full == {"NodeNameToMetaVictims": {}}  # one 1-GPU victim cannot make room for 2
     assert bad_status == 400 and "metadata.uid: missing" in bad
     assert len(ext.state.pods()) == 8  # preempt only answers; it evicts nothing
+
+
+def test_preempt_never_answers_a_node_with_an_empty_victim_list():
+    # "nic-only" holds 2 VFs and (kube-scheduler's reason for listing it) CPU the preemptor
+    # needs. The preemptor's devices fit without evicting it; it must still be answered, and
+    # a node listed with no victims at all is left out rather than answered empty.
+    ext = extender()
+    ext.state.bind("nic-only", "ml", "nic-only", "dgx-h100-000", Request(vfs=2))
+
+    async def scenario(s, url):
+        return await post(s, f"{url}/preempt", {
+            "Pod": pod("u", gpus=1, vfs=1), "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {
+                "dgx-h100-000": {"Pods": [{"UID": "nic-only"}], "NumPDBViolations": 0},
+                "dgx-h100-001": {"Pods": [], "NumPDBViolations": 0}}})
+
+    status, body = run(scenario, ext)
+    assert status == 200
+    assert body == {"NodeNameToMetaVictims": {"dgx-h100-000": {
+        "Pods": [{"UID": "nic-only"}], "NumPDBViolations": 0}}}
+
+
+def test_preempt_does_not_reprieve_victims_kube_scheduler_needs_for_its_own_filters():
+    # 8 GPUs: "keep" (higher priority, not proposed) holds 4, "big" 4. "cpu-hog" holds one
+    # VF and the CPU the preemptor needs. kube-scheduler proposes {big, cpu-hog}: answering
+    # only "big" would leave the preemptor failing NodeResourcesFit(cpu) after the eviction,
+    # and the next attempt would propose cpu-hog again: the pod would never land.
+    ext = extender()
+    ext.state.bind("keep", "ml", "keep", "dgx-h100-000", Request(gpus=4, vfs=4))
+    ext.state.bind("big", "ml", "big", "dgx-h100-000", Request(gpus=4, vfs=4))
+    ext.state.bind("cpu-hog", "ml", "cpu-hog", "dgx-h100-000", Request(vfs=1))
+
+    async def scenario(s, url):
+        return await post(s, f"{url}/preempt", {
+            "Pod": pod("u", gpus=4, vfs=4), "NodeNameToVictims": None,
+            "NodeNameToMetaVictims": {"dgx-h100-000": {
+                "Pods": [{"UID": "big"}, {"UID": "cpu-hog"}], "NumPDBViolations": 0}}})
+
+    status, body = run(scenario, ext)
+    assert status == 200
+    answered = body["NodeNameToMetaVictims"].get("dgx-h100-000")
+    assert answered is not None  # evicting both does make room for the paired request
+    assert [p["UID"] for p in answered["Pods"]] == ["big", "cpu-hog"]
 
 
 def test_delete_pod_frees_its_devices_and_health_and_metrics_answer():

@@ -149,17 +149,19 @@ def test_restore_is_all_or_nothing():
     assert out.fits == ["dgx-h100-001"]  # the restored ledger is what filter sees
 
 
-def test_victims_are_the_fewest_candidates_whose_devices_make_room():
+def test_victims_are_all_the_candidates_when_evicting_them_all_makes_room():
+    # kube-scheduler needs each pod it proposes for its own filters: never fewer, never none.
     s = state("dgx-h100:1")
     node = "dgx-h100-000"
     for i in range(8):
         assert isinstance(s.bind(f"v{i}", "ml", f"v{i}", node, gpu_vf(1)), Allocation)
-    victims = s.victims(gpu_vf(2), node, ["outsider", *(f"v{i}" for i in range(8))])
-    assert victims is not None and "outsider" in victims  # not ours to judge: kept
-    mine = [v for v in victims if v != "outsider"]
-    assert len(mine) == 2
+    proposed = ["outsider", *(f"v{i}" for i in range(8))]
+    assert s.victims(gpu_vf(2), node, proposed) == proposed
+    assert s.victims(gpu_vf(1), node, ["outsider"]) is None  # holds nothing: no room made
     assert s.victims(gpu_vf(2), node, ["v0"]) is None  # one GPU freed is not enough
+    assert s.victims(gpu_vf(2), node, []) is None  # nothing proposed: never answered empty
     assert s.victims(gpu_vf(2), "ghost", ["v0"]) is None
+    assert len(s.ledger(node)) == 8  # asking changes nothing
 
 
 def test_a_pod_already_holding_devices_fits_only_its_node_and_scores_highest_there():

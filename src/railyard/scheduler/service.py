@@ -297,17 +297,18 @@ class Extender:
                 self.metrics.failure("preempt", m.BAD_REQUEST)
                 return web.Response(status=400, text=str(e))
             self.pods.put(facts)
+            # Per node: kube-scheduler's list whole, or the node left out. kube-scheduler
+            # fails the whole preemption on a node answered with no victims ("expected at
+            # least one victim pod on node"), and needs every pod it listed for its own
+            # filters (docs/decisions/0026). The set is its own, so is its PDB count.
             out: dict[str, Any] = {}
             for node, (uids, pdb) in candidates.items():
-                if not facts.request.wants_devices:
-                    chosen: list[str] | None = uids
-                else:
-                    chosen = self.state.victims(facts.request, node, uids)
-                if chosen is None:
-                    continue  # no subset of the proposed victims makes room here
-                # kube-scheduler's PDB count for its own set bounds ours from above.
-                out[node] = {"Pods": [{"UID": u} for u in chosen],
-                             "NumPDBViolations": pdb if chosen else 0}
+                if not uids:
+                    continue
+                if facts.request.wants_devices and self.state.victims(
+                        facts.request, node, uids) is None:
+                    continue  # evicting them all still leaves no room for the devices
+                out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
             return _json({"NodeNameToMetaVictims": out})
         finally:
             self.metrics.latency["preempt"].observe(time.perf_counter() - t0)

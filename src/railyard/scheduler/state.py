@@ -31,10 +31,6 @@ from railyard.topology.model import NodeTopology
 _ANSWERS_PER_GROUP = 256
 _MISSING = object()
 
-# Preemption tries every subset of the candidate holders up to this many allocator calls,
-# then falls back to kube-scheduler's own method (remove all, reprieve one by one).
-_EXACT_PREEMPTION_BUDGET = 256
-
 
 class NodeAllocator(Protocol):
     """The joint allocator as the cluster state uses it (`railyard.allocation.allocator`)."""
@@ -434,59 +430,22 @@ class ClusterState:
     # ------------------------------------------------------------------ preemption
 
     def victims(self, request: Request, node: str, candidates: list[str]) -> list[str] | None:
-        """Which of `candidates` (pod UIDs kube-scheduler proposed) to evict on `node`.
+        """kube-scheduler's proposed victims on `node` (pod UIDs), when evicting all of them
+        lets `request` fit; None when it does not, or when nothing is proposed.
 
-        Among candidates holding Railyard devices here, the fewest whose removal makes
-        `request` fit (then the fewest devices taken). Candidates holding nothing here were
-        chosen by kube-scheduler for resources we do not track, so they stay. None when no
-        subset of the candidates is enough.
+        The list is answered whole, never shortened: kube-scheduler built it by removing
+        every lower-priority pod and reprieving each one its own filters (CPU, memory, GPU
+        count...) can spare, so every pod left in it is needed by those filters, whatever
+        devices it holds here. Nor is it lengthened: which other pods may go is a priority
+        question only kube-scheduler can answer (docs/decisions/0026).
         """
         n = self._nodes.get(node)
-        if n is None:
+        if n is None or not candidates:
             return None
+        gone = set(candidates)
         with n.lock:
-            holders = dict(self._ledger(n).holders())
-        ordered = list(dict.fromkeys(candidates))
-        mine = [uid for uid in ordered if uid in holders]
-        chosen = self._fewest_to_evict(n, holders, mine, request)
-        if chosen is None:
+            left = [(h, a) for h, a in self._ledger(n).holders() if h not in gone]
+        ledger = Ledger(n.topology, left)
+        if isinstance(self.allocator.allocate(n.topology, ledger, request), Infeasible):
             return None
-        keep = set(chosen)
-        return [uid for uid in ordered if uid not in holders or uid in keep]
-
-    def _fewest_to_evict(self, n: _Node, holders: dict[str, Allocation], mine: list[str],
-                         request: Request) -> list[str] | None:
-        def fits(removed: Iterable[str]) -> bool:
-            gone = set(removed)
-            ledger = Ledger(n.topology, [(h, a) for h, a in holders.items() if h not in gone])
-            return not isinstance(self.allocator.allocate(n.topology, ledger, request),
-                                  Infeasible)
-
-        def weight(uid: str) -> int:
-            a = holders[uid]
-            return len(a.all_gpus) + len(a.all_nics)
-
-        if fits(()):
-            return []
-        budget = _EXACT_PREEMPTION_BUDGET
-        for size in range(1, len(mine) + 1):
-            feasible = []
-            for subset in itertools.combinations(mine, size):
-                budget -= 1
-                if budget < 0:
-                    break
-                if fits(subset):
-                    feasible.append(subset)
-            if feasible:  # the fewest pods, then the fewest devices taken from them
-                return list(min(feasible, key=lambda s: sum(weight(u) for u in s)))
-            if budget < 0:
-                break
-        if not fits(mine):
-            return None
-        # Too many to try all: kube-scheduler's way, evict all, reprieve in proposed order.
-        chosen = list(mine)
-        for uid in mine:
-            trial = [u for u in chosen if u != uid]
-            if fits(trial):
-                chosen = trial
-        return chosen
+        return list(candidates)
