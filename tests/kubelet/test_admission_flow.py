@@ -436,6 +436,30 @@ async def test_records_of_gone_pods_are_forgotten_unless_the_cni_holds_them(tmp_
 
 
 @async_test
+async def test_forgetting_a_finished_pod_keeps_the_device_info_file_of_the_vfs_new_owner(
+        tmp_path, generic_tree):
+    """Kubelet frees a Succeeded pod's devices while its object stays (a Job's pod), so its
+    VF can go to pod b, whose Allocate rewrites the VF's device-info file. Forgetting a once
+    its object is deleted must leave b's file, or Multus no longer finds it for b."""
+    a = pod("uid-a", {"main": {VF: 1}}, name="a", alloc=allocation(TOPO, [], nics=(VFS0[0],)))
+    async with rig(tmp_path, generic_tree, [a]) as r:
+        vf = r.kubelet.client(VF)
+        await vf.allocate([VFS0[0]])
+        a["status"]["phase"] = "Succeeded"
+        b = pod("uid-b", {"main": {VF: 1}}, name="b",
+                alloc=allocation(TOPO, [], nics=(VFS0[0],), decided_at="2026-01-02T00:00:00Z"))
+        write_pods(r.pods_file, [a, b])
+        await vf.allocate([VFS0[0]])
+        assert r.agent.store.get("uid-b").consumed_ids(VF) == (VFS0[0],)
+        devinfo = tmp_path / "devinfo" / f"railyard.dev-vf-{VFS0[0]}-device.json"
+        assert devinfo.exists()
+        write_pods(r.pods_file, [b])  # a's object is deleted
+        assert r.agent.gc() == ["uid-a"]
+        assert devinfo.exists(), "forgetting pod a removed pod b's device-info file"
+        await vf.close()
+
+
+@async_test
 async def test_agent_start_rebuilds_a_lost_record_from_podresources(tmp_path, generic_tree):
     a = allocation(TOPO, [(0, VFS0[0]), (1, VFS1[0])])
     pods = [pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=a, name="a", phase="Running")]

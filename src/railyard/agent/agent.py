@@ -279,12 +279,19 @@ class Agent:
         live = {p.uid for p in self.pods.pods()}
         removed = []
         names = self.config.resources
-        for r in self.store.all():
-            if r.uid in live or r.sections:
-                continue
+        records = self.store.all()
+        gone = [r for r in records if r.uid not in live and not r.sections]
+        # Kubelet frees a finished pod's devices while its object stays, so another pod may
+        # hold a VF by now; its Allocate rewrote the device-info file, which is its own.
+        gone_uids = {r.uid for r in gone}
+        kept = {n.pci_address for r in records if r.uid not in gone_uids
+                for n in r.allocation.all_nics}
+        for r in gone:
             self.store.remove(r.uid)
             removed.append(r.uid)
             for n in r.allocation.all_nics:
+                if n.pci_address in kept:
+                    continue
                 resource = names.vf if n.kind == "vf" else names.pf
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.config.devinfo_dir,
