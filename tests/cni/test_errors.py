@@ -202,3 +202,12 @@ def test_standalone_with_a_missing_host_netns_answers_code_5_not_a_traceback(shi
     assert r.code == 1 and r.error == 5
     assert "RAILYARD_CNI_HOST_NETNS" in r.out["msg"]
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("pci", ["0000:00:01.0\n", "../../../etc", "0000:00:01.0/../..",
+                                 "0000:00:01.8"])
+def test_a_recorded_pci_address_that_is_not_one_never_reaches_the_file_system(pci, tmp_path):
+    from railyard.cni.devices import netdev_of
+
+    with pytest.raises(CniError, match="is not a PCI address"):
+        netdev_of(str(tmp_path), pci)

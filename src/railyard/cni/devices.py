@@ -9,15 +9,13 @@ simply absent there.
 from __future__ import annotations
 
 import os
-import re
 
 from railyard.cni.spec import CniError, Code
-
-_PCI = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+from railyard.topology.model import PCI_ADDRESS_RE
 
 
 def _function_dir(sysfs_root: str, pci: str) -> str:
-    if not _PCI.match(pci):  # never let a recorded value walk the file system
+    if not PCI_ADDRESS_RE.match(pci):  # never let a recorded value walk the file system
         raise CniError(Code.IO, f"node state store: {pci!r} is not a PCI address")
     return os.path.join(sysfs_root, "sys", "bus", "pci", "devices", pci)
 
