@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
 
 import pytest
 from scheduler_helpers import hand_allocation
@@ -157,3 +162,111 @@ def test_an_unexpected_error_while_writing_fails_the_waiting_binds_instead_of_ha
     asyncio.run(go())
     assert [p.uid for p in read_state(tmp_path / "state")] == ["b"]
     sf.close()
+
+
+def test_a_write_the_kernel_takes_in_parts_is_finished(tmp_path, monkeypatch):
+    path = tmp_path / "state"
+    sf, _ = StateFile.open(path)
+    real = os.write
+    # A regular file may take fewer bytes than asked (a signal, a filling disk).
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, bytes(data)[:100]))
+    sf.compact()
+    sf.bind_sync(bound("a", 0))
+    sf.bind_sync(bound("b", 1))
+    sf.close()
+    assert read_state(path) == [bound("a", 0), bound("b", 1)]
+
+
+def test_a_release_asked_while_the_binds_line_is_being_written_is_recorded_after_it(
+        tmp_path, monkeypatch):
+    # DELETE /pods/<uid> can reach the state file after a bind of the same pod has left the
+    # queue for the write in progress: the release must follow it, not be skipped as "not
+    # held", or the journal keeps a pod that memory has freed.
+    path = tmp_path / "state"
+    sf, _ = StateFile.open(path)
+    sf.compact()
+    writing, finish = threading.Event(), threading.Event()
+    real = sf._append
+
+    def slow_append(ops):
+        writing.set()
+        finish.wait(5)
+        real(ops)
+
+    monkeypatch.setattr(sf, "_append", slow_append)
+
+    async def go() -> None:
+        bind = asyncio.ensure_future(sf.bind(bound("a", 0)))
+        await asyncio.to_thread(writing.wait, 5)  # the bind's batch is being written
+        release = asyncio.ensure_future(sf.release("a"))
+        await asyncio.sleep(0.05)
+        finish.set()
+        await asyncio.wait_for(asyncio.gather(bind, release), timeout=5)
+
+    asyncio.run(go())
+    sf.close()
+    _header, bind_line, release_line = path.read_bytes().splitlines()
+    assert bind_line.startswith(b'{"bind":') and release_line == b'{"release":"a"}'
+    assert read_state(path) == []
+
+
+# write(2) on a regular file may write fewer bytes than asked without failing: when the disk
+# fills (ENOSPC) or the file-size limit is reached part-way, Linux returns the count written
+# so far, and the next write fails with the reason. RLIMIT_FSIZE gives that short write
+# deterministically, in a child process so that nothing else is limited.
+_SHORT_WRITE = textwrap.dedent("""
+    import asyncio, os, resource, signal, sys
+    sys.path.insert(0, sys.argv[3])
+    from scheduler_helpers import hand_allocation
+    from railyard.discovery.profiles import build_topology, profile
+    from railyard.scheduler.cluster_file import BoundPod
+    from railyard.scheduler.state_file import StateFile, StateFileError
+
+    T = build_topology(profile("dgx-h100"), node="gpu-1")
+    def bound(uid, gpu):
+        return BoundPod("ml", "p-" + uid, uid, "gpu-1", hand_allocation(T, [(gpu, 0, gpu)]))
+
+    path, mode = sys.argv[1], sys.argv[2]
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: EFBIG, not death
+    sf, _ = StateFile.open(path)
+    sf.compact()
+    sf.bind_sync(bound("a", 0))
+    if mode == "append":
+        limit = os.path.getsize(path) + 100  # room for part of the next line only
+    else:  # snapshot: the journal holds a, b, c (~475 bytes a line); room for two and a half
+        sf.bind_sync(bound("b", 1))
+        sf.bind_sync(bound("c", 2))
+        limit = 1200
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    try:
+        if mode == "append":
+            asyncio.run(sf.bind(bound("b", 1)))
+        else:
+            sf.compact()
+        print("acknowledged")
+    except StateFileError as e:
+        print("refused", e)
+    # the process ends here: what is on disk is what a restart sees
+""")
+
+
+def short_write(tmp_path: Path, mode: str) -> tuple[str, list[str]]:
+    path = tmp_path / "state"
+    out = subprocess.run(
+        [sys.executable, "-c", _SHORT_WRITE, str(path), mode, str(Path(__file__).parent)],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip(), [p.uid for p in read_state(path)]
+
+
+def test_a_short_write_of_a_journal_line_is_refused_not_acknowledged(tmp_path):
+    said, replayed = short_write(tmp_path, "append")
+    assert said.startswith("refused") and "File too large" in said
+    assert replayed == ["a"]  # the torn line of "b" is dropped; "a" is intact
+
+
+def test_a_short_write_of_a_snapshot_never_replaces_the_journal(tmp_path):
+    said, replayed = short_write(tmp_path, "snapshot")
+    assert said.startswith("refused") and "cannot write a snapshot" in said
+    assert replayed == ["a", "b", "c"]
+    assert os.listdir(tmp_path) == ["state"]  # the partial snapshot is not left behind

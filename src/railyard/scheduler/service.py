@@ -330,11 +330,14 @@ class Extender:
         t0 = time.perf_counter()
         try:
             uid = request.match_info["uid"]
-            pending = self._inflight.get(uid)
-            if pending is not None:
-                await asyncio.shield(pending)  # the release must follow the bind's record
-            while (releasing := self._releasing.get(uid)) is not None:
-                await asyncio.shield(releasing)  # one release at a time per pod
+            # Until neither is in flight: a bind may start while this waits on a release.
+            while True:
+                if (pending := self._inflight.get(uid)) is not None:
+                    await asyncio.shield(pending)  # the release must follow the bind's record
+                elif (releasing := self._releasing.get(uid)) is not None:
+                    await asyncio.shield(releasing)  # one release at a time per pod
+                else:
+                    break
             pod = self.state.pod(uid)
             if pod is None:
                 return _json({"error": f"no pod with uid {uid!r} holds Railyard devices"}, 404)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterable
@@ -29,6 +30,21 @@ class StateFileError(Exception):
 
 def _line(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write every byte of `data` or raise OSError.
+
+    write(2) on a regular file may take fewer bytes than asked without failing (the disk
+    fills or the file-size limit is reached part-way); the rest is retried, which then fails
+    with the reason. A write that takes nothing is a failure, never a loop.
+    """
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write took no bytes with {len(view)} left")
+        view = view[n:]
 
 
 def read_state(path: Path) -> list[BoundPod]:
@@ -92,6 +108,7 @@ class StateFile:
         self._lines = 0
         self._broken = False  # a failed write may have left a partial line: rewrite first
         self._pending: list[tuple[str, str, bytes, asyncio.Future[None]]] = []
+        self._writing: set[str] = set()  # UIDs of the batch being written, not yet in _live
         self._flusher: asyncio.Task[None] | None = None
         self.compactions = 0
 
@@ -114,15 +131,22 @@ class StateFile:
     def _compact(self) -> None:
         """Write the live pods to a temp file, fsync, rename over the journal, fsync the dir."""
         tmp = self.path.with_name(f".{self.path.name}.tmp")
+        data = _line(HEADER) + b"".join(self._live.values())
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.write(fd, _line(HEADER) + b"".join(self._live.values()))
+                _write_all(fd, data)
                 os.fsync(fd)
+                # The rename destroys the journal: only a snapshot known whole may replace it.
+                size = os.fstat(fd).st_size
+                if size != len(data):
+                    raise OSError(errno.EIO, f"snapshot holds {size} of {len(data)} bytes")
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
         except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a partial snapshot only takes space (the disk may be full)
             raise StateFileError(f"{self.path}: cannot write a snapshot: {e}") from None
         # From here the file on disk is the snapshot; the old descriptor names a dead inode
         # (an error closing it changes nothing on disk, so it must not fail the batch).
@@ -157,7 +181,7 @@ class StateFile:
                 raise
             return
         try:
-            os.write(self._fd, b"".join(line for _, _, line in ops))
+            _write_all(self._fd, b"".join(line for _, _, line in ops))
             os.fsync(self._fd)
         except OSError as e:
             self._broken = True
@@ -186,7 +210,10 @@ class StateFile:
         await self._submit("bind", pod.uid, _line({"bind": pod_to_json(pod)}))
 
     async def release(self, uid: str) -> None:
-        if uid in self._live or any(u == uid for _, u, _, _ in self._pending):
+        """Record that `uid` holds nothing now, after any bind of it already submitted
+        (waiting, or in the batch being written: the release then goes in the next one)."""
+        if (uid in self._live or uid in self._writing
+                or any(u == uid for _, u, _, _ in self._pending)):
             await self._submit("release", uid, _line({"release": uid}))
 
     async def _submit(self, op: str, uid: str, line: bytes) -> None:
@@ -201,6 +228,7 @@ class StateFile:
         # one fsync acknowledges all of it.
         while self._pending:
             batch, self._pending = self._pending, []
+            self._writing = {u for _, u, _, _ in batch}
             try:
                 await asyncio.to_thread(self._append, [(o, u, ln) for o, u, ln, _ in batch])
             except Exception as e:  # any error: the waiting binds must hear of it, not hang
@@ -211,6 +239,8 @@ class StateFile:
                 for *_, fut in batch:
                     if not fut.done():
                         fut.set_result(None)
+            finally:
+                self._writing = set()  # written (now in _live) or failed (never held)
 
     def close(self) -> None:
         if self._fd is not None:
