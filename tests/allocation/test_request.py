@@ -161,3 +161,12 @@ def test_hints_holding_an_over_long_integer_are_a_request_error():
 def test_cli_request_spec_refuses_a_key_given_twice():
     with pytest.raises(RequestError, match="gpus: given twice"):
         parse_request_spec("gpus=2,vfs=2,gpus=3")
+
+
+def test_deeply_nested_hints_are_a_request_error_not_a_recursion_error():
+    # Python's json raises RecursionError past ~1,000 levels, not a decode error.
+    with pytest.raises(RequestError, match=r"railyard\.dev/request\]: not valid JSON: nested"):
+        request_from_pod(pod({"limits": {"nvidia.com/gpu": "1"}},
+                             annotations={REQUEST_ANNOTATION: "[" * 5000}))
+    with pytest.raises(RequestError, match="hints: not valid JSON: nested too deeply"):
+        parse_request_spec("gpus=1", "[" * 5000)

@@ -184,3 +184,11 @@ def test_an_over_long_integer_is_a_cluster_file_error_naming_the_path(tmp_path, 
     path.write_text(text)
     with pytest.raises(ClusterFileError, match=str(path)):
         load_cluster(path)
+
+
+def test_a_deeply_nested_cluster_file_is_a_cluster_file_error(tmp_path):
+    # Python's json raises RecursionError past ~1,000 levels, not a decode error.
+    path = tmp_path / "cluster.json"
+    path.write_text('{"nodes": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(ClusterFileError, match=str(path)):
+        load_cluster(path)

@@ -115,6 +115,36 @@ def test_bad_filter_input_sets_error_and_changes_nothing():
     assert ext.state.pods() == [] and len(ext.pods) == 0
 
 
+def test_deeply_nested_input_is_a_precise_error_not_a_500():
+    # "[" * 5000 makes Python's json and msgspec raise RecursionError, not a decode error.
+    ext = extender()
+
+    def deep_annotation(uid: str) -> dict:
+        p = pod(uid, gpus=1, vfs=1)  # the API server allows 256 KiB of annotations
+        p["metadata"]["annotations"] = {"railyard.dev/request": "[" * 5000}
+        return p
+
+    deep_body = (b'{"Pod": {"metadata": {"uid": "d", "name": "d"}, "spec": '
+                 + b"[" * 5000 + b"]" * 5000 + b'}, "NodeNames": []}')
+
+    async def scenario(s, url):
+        return (await post(s, f"{url}/filter", args(deep_annotation("a"), NAMES)),
+                await post(s, f"{url}/prioritize", args(deep_annotation("b"), NAMES)),
+                await post(s, f"{url}/preempt", {
+                    "Pod": deep_annotation("c"), "NodeNameToMetaVictims": {}}),
+                await post(s, f"{url}/filter", deep_body))
+
+    (f_status, f_body), (p_status, p_body), (e_status, e_body), (d_status, d_body) = run(
+        scenario, ext)
+    assert f_status == 200
+    assert "annotations[railyard.dev/request]: not valid JSON: nested too deeply" in (
+        f_body["Error"])
+    assert p_status == 400 and "nested too deeply" in p_body
+    assert e_status == 400 and "nested too deeply" in e_body
+    assert d_status == 200 and "ExtenderArgs: malformed JSON" in d_body["Error"]
+    assert len(ext.pods) == 0
+
+
 def test_prioritize_scores_every_name_and_refuses_bad_input_with_400():
     async def scenario(s, url):
         good = await post(s, f"{url}/prioritize", args(pod("u", gpus=2, vfs=2), NAMES))

@@ -100,6 +100,13 @@ def test_bad_pod_is_a_wire_error_naming_the_field(p, message):
         pod_facts(p)
 
 
+def test_a_deeply_nested_body_is_a_wire_error():
+    # msgspec raises RecursionError (not DecodeError) for an untyped object nested too deep.
+    body = b'{"Pod": {"spec": ' + b"[" * 5000 + b"]" * 5000 + b"}}"
+    with pytest.raises(WireError, match="ExtenderArgs: malformed JSON"):
+        decode(body, ExtenderArgs)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200) | st.builds(
     lambda d: json.dumps(d).encode(),

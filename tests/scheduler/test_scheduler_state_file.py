@@ -143,6 +143,13 @@ def test_an_over_long_integer_in_the_journal_is_a_state_file_error(tmp_path):
         read_state(path)
 
 
+def test_a_deeply_nested_journal_line_is_a_state_file_error(tmp_path):
+    path = tmp_path / "state"
+    path.write_bytes(b'{"railyardSchedulerState":1}\n' + b"[" * 5000 + b"]" * 5000 + b"\n")
+    with pytest.raises(StateFileError, match=":2: not valid JSON: nested too deeply"):
+        read_state(path)
+
+
 def test_an_unexpected_error_while_writing_fails_the_waiting_binds_instead_of_hanging(
         tmp_path, monkeypatch):
     sf, _ = StateFile.open(tmp_path / "state")

@@ -211,6 +211,8 @@ def hints_from_annotations(annotations: Any) -> dict[str, Any]:
         raise RequestError(field, f"not valid JSON: {e.msg} at column {e.colno}") from None
     except ValueError as e:  # an integer too long to convert (Python's 4,300-digit limit)
         raise RequestError(field, f"not valid JSON: {e}") from None
+    except RecursionError:  # "[[[[…": the parser recurses per level; hints are one object
+        raise RequestError(field, "not valid JSON: nested too deeply") from None
     return parse_hints(data, field)
 
 
@@ -271,5 +273,7 @@ def parse_request_spec(text: str, hints: str | None = None) -> Request:
             raise RequestError("hints", f"not valid JSON: {e.msg}") from None
         except ValueError as e:  # an integer too long to convert
             raise RequestError("hints", f"not valid JSON: {e}") from None
+        except RecursionError:
+            raise RequestError("hints", "not valid JSON: nested too deeply") from None
         extra = parse_hints(data, "hints")
     return Request(**values, **extra)

@@ -185,10 +185,10 @@ def load_cluster(path: str | Path) -> Cluster:
         raise ClusterFileError(f"{p}: cannot read: {e}") from None
     try:
         data = json.loads(text)
-    except ValueError:  # not JSON (or an integer too long to convert): try YAML
+    except (ValueError, RecursionError):  # not JSON (or too long an integer, too deep): YAML
         try:
             data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-        except (yaml.YAMLError, ValueError) as e:  # ValueError: the same integer in YAML
+        except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: long integer
             raise ClusterFileError(f"{p}: neither JSON nor YAML: {e}") from None
     try:
         return cluster_from_json(data)

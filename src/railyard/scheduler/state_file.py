@@ -70,6 +70,8 @@ def read_state(path: Path) -> list[BoundPod]:
             obj = json.loads(raw)
         except ValueError as e:  # also bad UTF-8 and integers past the 4,300-digit limit
             raise StateFileError(f"{where}: not valid JSON: {e}") from None
+        except RecursionError:
+            raise StateFileError(f"{where}: not valid JSON: nested too deeply") from None
         if i == 1:
             if obj != HEADER:
                 raise StateFileError(f"{where}: expected the header {json.dumps(HEADER)}")

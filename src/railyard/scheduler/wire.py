@@ -73,6 +73,8 @@ def decode(body: bytes, kind: type[T]) -> T:
         raise WireError(f"{kind.__name__}: {e}") from None
     except msgspec.DecodeError as e:
         raise WireError(f"{kind.__name__}: malformed JSON: {e}") from None
+    except RecursionError as e:  # msgspec recurses per level of an untyped (Pod) object
+        raise WireError(f"{kind.__name__}: malformed JSON: {e}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +151,7 @@ def _request_key(pod: dict[str, Any]) -> bytes | None:
             [c.get("resources") for c in spec.get("initContainers") or ()],
             meta.get("annotations"),
         ))
-    except (KeyError, TypeError, AttributeError, msgspec.EncodeError):
+    except (KeyError, TypeError, AttributeError, msgspec.EncodeError, RecursionError):
         return None
 
 
