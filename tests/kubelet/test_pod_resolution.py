@@ -9,6 +9,8 @@ container's pair map names only its own devices.
 
 from __future__ import annotations
 
+import json
+
 from kubelet_harness import GPU, VF, allocation, async_test, pod, rig, topology
 
 from railyard.agent.config import AgentConfig
@@ -81,6 +83,34 @@ async def test_podresources_check_mid_admission_keeps_the_unreported_containers_
         assert await vf.preferred(VFS0[1:] + VFS1, 1) == [VFS1[0]]
         await gpu.close()
         await vf.close()
+
+
+@async_test
+async def test_pair_map_of_a_container_names_only_devices_that_container_was_given(
+        tmp_path, generic_tree):
+    """docs/agent.md: 'Only devices kubelet passed appear.' Kubelet gives c1 G0 and VFS1[0],
+    both recorded for the pod but in different pairs. c1's map must not name G1 or VFS0[0]
+    (c2's): a launcher in c1 binding rank 0 to G0's NIC would pick a VF it does not have.
+    Each container's devices are paired among themselves, and the record says so."""
+    async with rig(tmp_path, generic_tree, [_two_containers()], config=_cfg(tmp_path)) as r:
+        gpu, vf = r.kubelet.client(GPU), r.kubelet.client(VF)
+        await gpu.allocate([G0])
+        c1 = await vf.allocate([VFS1[0]])
+        assert _pairs(c1) == [(G0, VFS1[0])]
+        await gpu.allocate([G1])
+        c2 = await vf.allocate([VFS0[0]])
+        assert _pairs(c2) == [(G1, VFS0[0])]
+        rec = r.agent.store.get("uid-p").allocation
+        assert rec.decided_by == "node"
+        assert [(p.gpu.device_id, p.nic.pci_address) for p in rec.pairs] == [
+            (G0, VFS1[0]), (G1, VFS0[0])]
+        await gpu.close()
+        await vf.close()
+
+
+def _pairs(resp) -> list[tuple[str | None, str | None]]:
+    return [((x["gpu"] or {}).get("uuid"), (x["nic"] or {}).get("pciAddress"))
+            for x in json.loads(resp.envs["RAILYARD_PAIRS"])]
 
 
 # ------------------------------------------------------------------ pods pending together

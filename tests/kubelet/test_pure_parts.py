@@ -11,7 +11,7 @@ from kubelet_harness import GPU, NODE, PF, VF, allocation, pod, topology
 
 from railyard.agent.state import Consumed, PodKey, PodRecord
 from railyard.allocation.names import DEFAULT_RESOURCES as NAMES
-from railyard.kubelet.pairing import choose_local, reconcile
+from railyard.kubelet.pairing import choose_local, pair_container, reconcile
 from railyard.kubelet.pods import PodError, pod_view
 from railyard.kubelet.resolver import candidates, ids_of, match_allocate
 from railyard.kubelet.response import (
@@ -201,6 +201,26 @@ def test_reconcile_holds_exactly_the_given_ids_and_pairs_every_gpu(gpus, vfs):
         for p in got.pairs:
             best = min(TOPO.distance[p.gpu.pci_address][TOPO.vf(v)[0].pci_address] for v in vfs)
             assert p.distance == best
+
+
+def test_pair_container_pairs_a_containers_devices_among_themselves():
+    base = allocation(TOPO, [(0, near_vf(0)), (1, near_vf(1)), (2, near_vf(2))])
+    # the container got GPUs 0 and 1 and the VFs recorded for GPUs 1 and 2
+    got = pair_container(TOPO, base, [GPUS[0], GPUS[1]], [near_vf(1), near_vf(2)],
+                         decided_at="t")
+    assert got.decided_by == "node" and got.decided_at == "t"
+    # GPU 1 keeps its own VF and GPU 0 gets the container's other one; outside the
+    # container, GPU 2 and the VF left over are paired with each other
+    assert [(p.gpu.index, p.nic.pci_address) for p in got.pairs] == [
+        (0, near_vf(2)), (1, near_vf(1)), (2, near_vf(0))]
+    assert got.nics == () and got.gpus == ()
+    assert pair_container(TOPO, base, [GPUS[0]], [near_vf(0)], decided_at="t") is None
+
+
+def test_pairs_json_names_only_the_given_devices():
+    a = allocation(TOPO, [(0, near_vf(0)), (1, near_vf(1))])
+    got = json.loads(pairs_json(a, gpus=[GPUS[0]], nics=[near_vf(1)]))
+    assert got == []  # neither recorded pair has both ends in this container
 
 
 def test_choose_local_takes_must_include_then_kept_then_nearest_spreading_over_pfs():

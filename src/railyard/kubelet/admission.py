@@ -25,7 +25,7 @@ from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.names import ResourceNames
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, GpuRef, NicRef
-from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
+from railyard.kubelet.pairing import DeviceIndex, choose_local, pair_container, reconcile
 from railyard.kubelet.podresources import AssignedPod
 from railyard.kubelet.pods import PodView
 from railyard.kubelet.resolver import (
@@ -306,20 +306,34 @@ class Admission:
             log.warning("%s: kubelet gave %s %s to %s, not the recorded %s; recording what "
                         "kubelet gave (decidedBy: node)", pod, resource, ids, c.container,
                         list(c.expected))
-        rec = self.store.put(self._key(pod), alloc,
-                             consumed=Consumed(c.container, resource, tuple(ids)))
-        grant = self._grant(kind, resource, ids, alloc)
         container = pod.container(c.container)
         assert container is not None  # candidates() took it from this pod
+        # The container's IDs per kind once this call is noted: kubelet is done with it when
+        # every resource it asks for has been allocated.
+        mine = {k: [i for cn in (rec.consumed if rec else ()) if cn.container == c.container
+                    and cn.resource == self.resource_of(k) != resource for i in cn.device_ids]
+                for k in KINDS}
+        mine[kind] = list(ids)
+        noted = {cn.resource for cn in (rec.consumed if rec else ())
+                 if cn.container == c.container} | {resource}
+        last = all(r in noted for r, _ in container.devices)
+        if last:
+            repaired = pair_container(self.topology, alloc, mine["gpu"], mine["vf"] + mine["pf"],
+                                      decided_at=self.clock(), index=self.index)
+            if repaired is not None:
+                log.warning("%s: %s was given devices the record pairs with another "
+                            "container's; pairing them within the container (decidedBy: node)",
+                            pod, c.container)
+                alloc = repaired
+        self.store.put(self._key(pod), alloc, consumed=Consumed(c.container, resource,
+                                                                tuple(ids)))
+        grant = self._grant(kind, resource, ids, alloc)
         both_nic_kinds = container.count(self.names.vf) and container.count(self.names.pf)
         if both_nic_kinds:
             # Kubelet keeps the first plugin's value of a variable two plugins set, so a
             # variable that spans resources comes from the container's last plugin only.
             grant.envs.pop("NCCL_IB_HCA", None)
-        if all(rec.is_consumed(c.container, r) for r, _ in container.devices):
-            mine = {k: [i for cons in rec.consumed if cons.container == c.container
-                        and cons.resource == self.resource_of(k) for i in cons.device_ids]
-                    for k in KINDS}
+        if last:
             grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=mine["gpu"],
                                                nics=mine["vf"] + mine["pf"])
             if both_nic_kinds:

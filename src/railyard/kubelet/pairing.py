@@ -130,6 +130,47 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
     return replace(out, decided_by="node", decided_at=decided_at)
 
 
+def pair_container(topology: NodeTopology, alloc: Allocation, gpus: Iterable[str],
+                   nics: Iterable[str], *, decided_at: str | None,
+                   index: DeviceIndex | None = None) -> Allocation | None:
+    """`alloc` re-paired so that one container's GPUs (`gpus`) and NICs (`nics`) pair only
+    with each other; None when no recorded pair crosses the container's boundary.
+
+    Kubelet hands each container its own devices, so a recorded pair with one end in this
+    container and the other in another can be honoured by neither. Pairs wholly inside or
+    wholly outside the container are kept; the loose ends are paired nearest-first on their
+    own side (one-to-one, or shared as the record shares NICs), and what finds no partner
+    stays unpaired. The result is `decidedBy: node`.
+    """
+    idx = index or DeviceIndex(topology)
+    g_in, n_in = set(gpus), set(nics)
+    crossing = [p for p in alloc.pairs
+                if (p.gpu.device_id in g_in) != (p.nic.pci_address in n_in)]
+    if not crossing:
+        return None
+    shared = len({p.nic.pci_address for p in alloc.pairs}) < len(alloc.pairs)
+    pairs = [p for p in alloc.pairs if p not in crossing]
+    load: Counter[str] = Counter(p.nic.pci_address for p in pairs)
+    loose_gpus = [*(p.gpu for p in crossing), *alloc.gpus]
+    for inside in (True, False):
+        side = [n for n in alloc.all_nics if (n.pci_address in n_in) == inside]
+        for g in (g for g in loose_gpus if (g.device_id in g_in) == inside):
+            free = [n for n in side if shared or not load[n.pci_address]]
+            if not free:
+                continue
+            n = min(free, key=lambda n, g=g: (idx.distance(g, n), load[n.pci_address],
+                                              n.pci_address))
+            pairs.append(Pair(g, n, idx.distance(g, n)))
+            load[n.pci_address] += 1
+    order = [g.device_id for g in alloc.all_gpus]
+    pairs.sort(key=lambda p: order.index(p.gpu.device_id))
+    paired_gpus = {p.gpu.device_id for p in pairs}
+    return replace(alloc, pairs=tuple(pairs),
+                   nics=tuple(n for n in alloc.all_nics if n.pci_address not in load),
+                   gpus=tuple(g for g in alloc.all_gpus if g.device_id not in paired_gpus),
+                   decided_by="node", decided_at=decided_at)
+
+
 def choose_local(topology: NodeTopology, kind: Kind, available: Iterable[str],
                  must_include: Iterable[str], size: int, *, keep: Iterable[str] = (),
                  partners: Iterable[str] = (), index: DeviceIndex | None = None) -> list[str]:

@@ -53,8 +53,9 @@ def devinfo_json(nic: NicRef) -> str:
 
 
 def pairs_json(alloc: Allocation, gpus: Iterable[str] = (), nics: Iterable[str] = ()) -> str:
-    """RAILYARD_PAIRS: the pairs touching the given GPU IDs or NIC PCI addresses, in pair
-    order, then unpaired NICs (`gpu: null`) and unpaired GPUs (`nic: null`)."""
+    """RAILYARD_PAIRS for a container given `gpus` (IDs) and `nics` (PCI addresses): the
+    pairs of two given devices, in pair order, then the given unpaired NICs (`gpu: null`) and
+    unpaired GPUs (`nic: null`). A device the container was not given never appears."""
     g_ids, n_ids = set(gpus), set(nics)
 
     def gpu(g: GpuRef) -> dict:
@@ -65,7 +66,7 @@ def pairs_json(alloc: Allocation, gpus: Iterable[str] = (), nics: Iterable[str] 
                 "netdev": n.netdev}
 
     out = [{"gpu": gpu(p.gpu), "nic": nic(p.nic), "distance": p.distance.name}
-           for p in alloc.pairs if p.gpu.device_id in g_ids or p.nic.pci_address in n_ids]
+           for p in alloc.pairs if p.gpu.device_id in g_ids and p.nic.pci_address in n_ids]
     out += [{"gpu": None, "nic": nic(n), "distance": None}
             for n in alloc.nics if n.pci_address in n_ids]
     out += [{"gpu": gpu(g), "nic": None, "distance": None}
