@@ -39,6 +39,36 @@ def test_init_container_raises_the_floor_but_does_not_add():
     assert request_from_pod(p).gpus == 4
 
 
+def sidecar(limits: dict) -> dict:
+    return {"name": "proxy", "restartPolicy": "Always", "resources": {"limits": limits}}
+
+
+def test_sidecar_devices_are_counted_on_top_of_the_app_containers():
+    # Kubernetes >= 1.29 (SidecarContainers): an init container with restartPolicy Always
+    # runs for the pod's life; kube-scheduler sums its requests with the app containers',
+    # and kubelet's device manager keeps its devices for the pod's life.
+    p = pod({"limits": {"nvidia.com/gpu": "1", "railyard.dev/vf": "1"}})
+    p["spec"]["initContainers"] = [sidecar({"nvidia.com/gpu": "1", "railyard.dev/vf": "1"})]
+    r = request_from_pod(p)
+    assert (r.gpus, r.vfs) == (2, 2)
+
+
+def test_an_init_container_runs_next_to_the_sidecars_started_before_it():
+    # kube-scheduler's effective request: max(app + sidecars, each ordinary init container
+    # plus the sidecars before it). Here 1 + 3 = 4 GPUs while "late" runs; the sidecar
+    # after it does not count against it.
+    p = pod({"limits": {"nvidia.com/gpu": "1"}})
+    p["spec"]["initContainers"] = [
+        sidecar({"nvidia.com/gpu": "1"}),
+        {"name": "late", "resources": {"limits": {"nvidia.com/gpu": "3"}}},
+        sidecar({"railyard.dev/vf": "2"}),
+    ]
+    r = request_from_pod(p)
+    assert (r.gpus, r.vfs) == (4, 2)
+    p["spec"]["initContainers"][1]["resources"]["limits"]["nvidia.com/gpu"] = "1"
+    assert request_from_pod(p).gpus == 2  # app + sidecar now exceed the init container
+
+
 def test_guaranteed_pod_with_integer_cpus_wants_exclusive_cpus_and_memory():
     res = {"limits": {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "1"}}
     r = request_from_pod(pod(res))

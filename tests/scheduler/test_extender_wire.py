@@ -175,3 +175,18 @@ def test_a_bad_pod_is_reported_every_time_not_cached():
     for _ in range(2):
         with pytest.raises(WireError, match=r"railyard\.dev/vf"):
             pod_facts(bad)
+
+
+def test_a_sidecar_and_an_ordinary_init_container_with_equal_resources_are_not_confused():
+    # The parsed-request cache is keyed by what decides the request: restartPolicy too.
+    def with_init(uid: str, policy: str | None) -> dict:
+        p = pod(uid, gpus=1, vfs=1)
+        init = {"name": "init", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+        if policy is not None:
+            init["restartPolicy"] = policy
+        p["spec"]["initContainers"] = [init]
+        return p
+
+    assert pod_facts(with_init("a", None)).request.gpus == 1
+    assert pod_facts(with_init("b", "Always")).request.gpus == 2
+    assert pod_facts(with_init("c", None)).request.gpus == 1

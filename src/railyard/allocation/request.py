@@ -142,6 +142,11 @@ def _container_resources(container: Any, where: str) -> dict[str, Fraction]:
     return out
 
 
+def _add(totals: dict[str, Fraction], more: dict[str, Fraction]) -> None:
+    for name, q in more.items():
+        totals[name] = totals.get(name, Fraction(0)) + q
+
+
 def _is_guaranteed(containers: list[dict]) -> bool:
     for c in containers:
         res = c.get("resources") or {}
@@ -156,7 +161,8 @@ def _is_guaranteed(containers: list[dict]) -> bool:
 
 
 def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Request:
-    """The pod-level request: sums over containers, at least the largest init container."""
+    """The pod-level request as kube-scheduler counts it: app containers and sidecars summed,
+    at least what any init container needs next to the sidecars started before it."""
     if not isinstance(pod, dict):
         raise RequestError("pod", "expected a Pod object")
     spec = pod.get("spec")
@@ -171,11 +177,26 @@ def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Requ
 
     totals: dict[str, Fraction] = {}
     for i, c in enumerate(containers):
-        for name, q in _container_resources(c, f"spec.containers[{i}]").items():
-            totals[name] = totals.get(name, Fraction(0)) + q
+        _add(totals, _container_resources(c, f"spec.containers[{i}]"))
+    # kube-scheduler's effective requests (component-helpers PodRequests, KEP-753): a sidecar
+    # (an init container with restartPolicy Always) runs for the pod's life, so it adds to
+    # the app containers; an ordinary init container runs next to the sidecars started
+    # before it, and the pod needs at least that much while it runs.
+    sidecars: dict[str, Fraction] = {}
+    peak: dict[str, Fraction] = {}
     for i, c in enumerate(inits):
-        for name, q in _container_resources(c, f"spec.initContainers[{i}]").items():
-            totals[name] = max(totals.get(name, Fraction(0)), q)
+        own = _container_resources(c, f"spec.initContainers[{i}]")
+        if c.get("restartPolicy") == "Always":
+            _add(totals, own)
+            _add(sidecars, own)
+            during = sidecars
+        else:
+            during = dict(sidecars)
+            _add(during, own)
+        for name, q in during.items():
+            peak[name] = max(peak.get(name, Fraction(0)), q)
+    for name, q in peak.items():
+        totals[name] = max(totals.get(name, Fraction(0)), q)
 
     cpu = totals.get("cpu", Fraction(0))
     exclusive = 0

@@ -134,8 +134,9 @@ def pod_facts(pod: dict[str, Any] | None,
 
 
 # Parsed requests by everything `request_from_pod` reads (container and init container
-# resources, annotations): pods of one Job or Deployment are alike, and parsing quantities
-# (exact fractions) costs ~0.4 ms a pod, more than the rest of a filter call.
+# resources, which init containers are sidecars, annotations): pods of one Job or
+# Deployment are alike, and parsing quantities (exact fractions) costs ~0.4 ms a pod, more
+# than the rest of a filter call.
 _requests: dict[bytes, Request] = {}
 _REQUEST_CACHE = 4096
 
@@ -148,7 +149,8 @@ def _request_key(pod: dict[str, Any]) -> bytes | None:
         meta = pod["metadata"]
         return encode((
             [c.get("resources") for c in spec["containers"]],
-            [c.get("resources") for c in spec.get("initContainers") or ()],
+            [(c.get("resources"), c.get("restartPolicy"))
+             for c in spec.get("initContainers") or ()],
             meta.get("annotations"),
         ))
     except (KeyError, TypeError, AttributeError, msgspec.EncodeError, RecursionError):
