@@ -16,7 +16,7 @@ UNKNOWN_NODE = "unknown_node"  # a node we have no topology for
 BLOCKED = "blocked"  # devices held by other pods (preemption may help)
 UNRESOLVABLE = "unresolvable"  # the node can never host the request
 NOT_SEEN = "not_seen"  # bind for a pod we never filtered (extender restarted)
-ALREADY_BOUND = "already_bound"  # bind of a UID already bound to another node
+ALREADY_BOUND = "already_bound"  # a UID bound elsewhere: its bind, or per node in filter
 WRITE_FAILED = "write_failed"  # recording the binding failed; ledger rolled back
 
 # Filter is expected in the low milliseconds; bind includes an fsync.
