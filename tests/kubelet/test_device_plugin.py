@@ -173,6 +173,28 @@ async def test_vfs_and_a_pf_in_one_container_get_one_nccl_hca_from_the_last_plug
 
 
 @async_test
+async def test_without_the_gpu_plugin_a_vf_and_pf_container_still_gets_nccl_ib_hca(
+        tmp_path, generic_tree):
+    """With gpuPlugin: false the GPUs are NVIDIA's plugin's and never allocated through us;
+    the container's last plugin of ours (here PF) sets NCCL_IB_HCA and RAILYARD_PAIRS, the
+    GPUs in the map being the record's partners of the container's NICs."""
+    alloc = allocation(TOPO, [(0, VFS0[0]), (1, PF1)])
+    p = pod("uid-mix", {"main": {GPU: 2, VF: 1, PF: 1}}, alloc=alloc)
+    cfg = AgentConfig(devinfo_dir=str(tmp_path / "devinfo"), gpu_plugin=False)
+    async with rig(tmp_path, generic_tree, [p], config=cfg) as r:
+        vf, pf = r.kubelet.client(VF), r.kubelet.client(PF)
+        v = await vf.allocate([VFS0[0]])
+        f = await pf.allocate([PF1])
+        assert "NCCL_IB_HCA" not in v.envs and "RAILYARD_PAIRS" not in v.envs
+        v0 = TOPO.vf(VFS0[0])[1]
+        assert f.envs["NCCL_IB_HCA"] == f"={v0.rdma_device}:1,{TOPO.nics[1].rdma_device}:1"
+        assert [(x["gpu"]["uuid"], x["nic"]["pciAddress"])
+                for x in json.loads(f.envs["RAILYARD_PAIRS"])] == [(G0, VFS0[0]), (G1, PF1)]
+        await vf.close()
+        await pf.close()
+
+
+@async_test
 async def test_renamed_resources_register_and_name_their_variables(tmp_path, generic_tree):
     cfg = config_from_dict({"resources": {"vf": "example.com/rdma_vf"}, "gpuPlugin": False,
                             "pfPlugin": False, "devinfoDir": str(tmp_path / "d")})

@@ -108,7 +108,7 @@ class Agent:
             self.lists[kind] = DeviceList(devices)
         self.admission = Admission(self.topology, self.store, self.pods, names,
                                    offered=self._healthy_offered,
-                                   on_allocated=self._after_allocate)
+                                   on_allocated=self._after_allocate, served=self.lists)
         await self._scan_health()
         resource = {"gpu": names.gpu, "vf": names.vf, "pf": names.pf}
         for kind, devices in self.lists.items():

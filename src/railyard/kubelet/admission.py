@@ -65,7 +65,8 @@ class Admission:
                  offered: Callable[[Kind], frozenset[str]] | None = None,
                  allocator: Allocator | None = None,
                  clock: Callable[[], str] = utc_now,
-                 on_allocated: AfterAllocate | None = None) -> None:
+                 on_allocated: AfterAllocate | None = None,
+                 served: Iterable[Kind] = KINDS) -> None:
         self.topology = topology
         self.node = topology.node
         self.store = store
@@ -76,6 +77,9 @@ class Admission:
         self.allocator = allocator if allocator is not None else Allocator()
         self.clock = clock
         self.on_allocated = on_allocated
+        # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
+        # never calls in, so a container is done when our resources are allocated.
+        self.served = frozenset(served)
         # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
         self._hint: dict[str, tuple[str, str, frozenset[str]]] = {}
 
@@ -316,8 +320,17 @@ class Admission:
         mine[kind] = list(ids)
         noted = {cn.resource for cn in (rec.consumed if rec else ())
                  if cn.container == c.container} | {resource}
-        last = all(r in noted for r, _ in container.devices)
+        ours = [r for r, _ in container.devices if kind_of(self.names, r) in self.served]
+        last = all(r in noted for r in ours)
         if last:
+            # Devices of a kind another plugin serves are never seen here: the record's
+            # partners of this container's devices stand for them.
+            if "gpu" not in self.served:
+                mine["gpu"] = self._partners(alloc, "vf", mine["vf"] + mine["pf"])
+            for k in ("vf", "pf"):
+                if k not in self.served and container.count(self.resource_of(k)):
+                    mine[k] = [p.nic.pci_address for p in alloc.pairs
+                               if p.gpu.device_id in mine["gpu"] and p.nic.kind == k]
             repaired = pair_container(self.topology, alloc, mine["gpu"], mine["vf"] + mine["pf"],
                                       decided_at=self.clock(), index=self.index)
             if repaired is not None:
@@ -328,7 +341,8 @@ class Admission:
         self.store.put(self._key(pod), alloc, consumed=Consumed(c.container, resource,
                                                                 tuple(ids)))
         grant = self._grant(kind, resource, ids, alloc)
-        both_nic_kinds = container.count(self.names.vf) and container.count(self.names.pf)
+        both_nic_kinds = (container.count(self.names.vf) and container.count(self.names.pf)
+                          and {"vf", "pf"} <= self.served)
         if both_nic_kinds:
             # Kubelet keeps the first plugin's value of a variable two plugins set, so a
             # variable that spans resources comes from the container's last plugin only.
