@@ -62,6 +62,24 @@ def test_bad_config_names_the_field(raw, field):
     assert str(e.value).startswith(field)
 
 
+@pytest.mark.parametrize("bad", [
+    "example.com/rdma/vf", "kubernetes.io/vf", "node.kubernetes.io/vf", "Example.COM/vf",
+    "a b/vf", "requests.example.com/vf", "example.com/-vf", "example.com/" + "v" * 64,
+    "-example.com/vf", "example..com/vf", "/vf", "example.com/"])
+def test_resource_names_kubelet_refuses_are_config_errors(bad):
+    """kubelet.md: Register fails for a name that is not an extended resource name
+    (IsExtendedResourceName); the agent would then run without serving the resource."""
+    with pytest.raises(ConfigError, match=r"^resources\.vf: .* not an extended resource name"):
+        config_from_dict({"resources": {"vf": bad}})
+
+
+@pytest.mark.parametrize("good", [
+    "railyard.dev/vf", "mellanox.com/vf", "example.com/RDMA_vf.1", "a/b",
+    "x-y.example/" + "v" * 63])
+def test_resource_names_kubelet_accepts_are_taken(good):
+    assert config_from_dict({"resources": {"vf": good}}).resources.vf == good
+
+
 def test_yaml_file_with_renamed_resources(tmp_path):
     f = tmp_path / "agent.yaml"
     f.write_text("resources: {gpu: amd.com/gpu}\ngpuPlugin: false\n"

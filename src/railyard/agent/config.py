@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,6 +180,33 @@ def _seconds(d: dict, key: str, default: float) -> float:
     return float(v)
 
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def extended_resource_problem(name: Any) -> str | None:
+    """Why kubelet's `Register` would refuse `name` (IsExtendedResourceName: a qualified name
+    `prefix/name` outside kubernetes.io whose quota form `requests.<name>` is valid too);
+    None when it is fine."""
+    if not isinstance(name, str):
+        return "expected a string"
+    if name.count("/") != 1:
+        return "expected exactly one '/'"
+    if "kubernetes.io/" in name:
+        return "the kubernetes.io namespace is Kubernetes' own"
+    if name.startswith("requests."):
+        return "'requests.' is the quota prefix"
+    prefix, _, short = name.partition("/")
+    quota_prefix = "requests." + prefix  # kubelet validates the quota form
+    if not prefix or len(quota_prefix) > 253 or not all(
+            _DNS_LABEL.match(label) for label in prefix.split(".")):
+        return "the part before '/' must be a lower-case DNS subdomain"
+    if not _NAME.match(short) or len(short) > 63:
+        return ("the part after '/' must be at most 63 letters, digits, '-', '_' or '.', "
+                "starting and ending with a letter or digit")
+    return None
+
+
 def config_from_dict(d: Any) -> AgentConfig:
     if d is None:
         return AgentConfig()
@@ -194,9 +222,10 @@ def config_from_dict(d: Any) -> AgentConfig:
         raise ConfigError("resources: expected an object with keys gpu, vf, pf")
     names = {}
     for k, v in res.items():
-        if not isinstance(v, str) or "/" not in v or v.startswith("/") or v.endswith("/"):
-            raise ConfigError(f"resources.{k}: expected an extended resource name "
-                              f"(domain/name), got {v!r}")
+        why = extended_resource_problem(v)
+        if why is not None:
+            raise ConfigError(f"resources.{k}: {v!r} is not an extended resource name "
+                              f"(domain/name) kubelet accepts: {why}")
         names[k] = v
     resources = ResourceNames(**names)
     if len(set(resources.managed)) != 3:
