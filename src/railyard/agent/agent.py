@@ -108,7 +108,8 @@ class Agent:
             self.lists[kind] = DeviceList(devices)
         self.admission = Admission(self.topology, self.store, self.pods, names,
                                    offered=self._healthy_offered,
-                                   on_allocated=self._after_allocate, served=self.lists)
+                                   on_allocated=self._after_allocate,
+                                   served=tuple(self.lists))
         await self._scan_health()
         resource = {"gpu": names.gpu, "vf": names.vf, "pf": names.pf}
         for kind, devices in self.lists.items():

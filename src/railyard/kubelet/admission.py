@@ -315,9 +315,9 @@ class Admission:
         # The container's IDs per kind once this call is noted: kubelet is done with it when
         # every resource it asks for has been allocated.
         mine = {k: [i for cn in (rec.consumed if rec else ()) if cn.container == c.container
-                    and cn.resource == self.resource_of(k) != resource for i in cn.device_ids]
+                    and cn.resource == self.resource_of(k) for i in cn.device_ids]
                 for k in KINDS}
-        mine[kind] = list(ids)
+        mine[kind] = list(ids)  # replaces an earlier note of this resource, as the store does
         noted = {cn.resource for cn in (rec.consumed if rec else ())
                  if cn.container == c.container} | {resource}
         ours = [r for r, _ in container.devices if kind_of(self.names, r) in self.served]
