@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.cluster_file import cluster_from_spec
 from railyard.sim.judge import judge
+from railyard.sim.metrics import nic_states
 from railyard.sim.policies import (
     BASELINES,
     BestFitPolicy,
@@ -17,11 +20,44 @@ from railyard.sim.policies import (
     NumaPolicy,
     RandomPolicy,
 )
+from railyard.sim.run import DEFAULT_POLICIES, make_policy
 from railyard.topology.model import Distance
 
 
 def nodes(spec: str):
     return list(cluster_from_spec(spec))
+
+
+def generic_with(change) -> list:
+    """One `generic` node (2 GPUs, 2 RoCE NICs with 8 VFs each), every NIC changed."""
+    base = nodes("generic:1")[0]
+    return [dataclasses.replace(base, nics=tuple(change(n) for n in base.nics))]
+
+
+# What a discovered node (a cluster file with `topology`) can really hold.
+NIC_STATES = {
+    # One ConnectX carrying the default route as well as RDMA: its VFs are offered
+    # (docs/allocation.md: "never offered whole; its VFs are").
+    "default-route-pf": lambda n: dataclasses.replace(n, default_route=True),
+    # A port without a link: the allocator offers none of its VFs (shape.port_usable).
+    "port-down": lambda n: dataclasses.replace(n, port_state="1: DOWN"),
+    # VFs already moved into pods (netdev and RDMA device gone from the host view).
+    "vfs-inside-pods": lambda n: dataclasses.replace(n, vfs=tuple(
+        dataclasses.replace(v, netdev=None, rdma_device=None) for v in n.vfs)),
+}
+
+
+@pytest.mark.parametrize("state", sorted(NIC_STATES))
+def test_every_policy_is_offered_the_same_vfs_as_railyard(state):
+    """Same cluster for every policy: a baseline may use exactly the VFs Railyard's allocator
+    may hand out, or the comparison handicaps one side."""
+    topologies = generic_with(NIC_STATES[state])
+    outcome = {}
+    for name in DEFAULT_POLICIES:
+        policy = make_policy(name, topologies, seed=0)
+        outcome[name] = isinstance(policy.place("u1", Request(gpus=1, vfs=1)), Allocation)
+    assert len(set(outcome.values())) == 1, outcome
+    assert outcome["railyard"] == (state == "default-route-pf")
 
 
 def held_gpus(policy) -> int:
@@ -54,6 +90,16 @@ def test_baselines_never_hand_out_a_device_twice(name, seed, shapes):
     vfs = [(a.node, n.pci_address) for a in placed for n in a.vfs]
     assert len(gpus) == len(set(gpus)) and len(vfs) == len(set(vfs))
     assert held_gpus(policy) == len(gpus)
+
+
+@pytest.mark.parametrize(("state", "free"), [
+    ("default-route-pf", 16), ("port-down", 0), ("vfs-inside-pods", 0)])
+def test_free_vfs_count_the_vfs_railyard_can_hand_out(state, free):
+    """nic_states judges every policy by the VFs the allocator offers: a default-route PF's
+    VFs are free, a down port's and those already inside pods are not."""
+    topologies = generic_with(NIC_STATES[state])
+    railyard = make_policy("railyard", topologies, seed=0)
+    assert nic_states(topologies, railyard.ledgers())["freeVfs"] == free
 
 
 def test_random_policy_is_reproducible_from_its_seed():

@@ -15,6 +15,7 @@ from railyard.allocation.ledger import Ledger
 from railyard.allocation.types import Allocation
 from railyard.sim.arrivals import Arrival
 from railyard.sim.judge import JudgedPair, collective_efficiency, gdr_capable, judge
+from railyard.sim.policies import offered_vfs
 from railyard.topology.model import GDR_LIMIT, Distance, NodeTopology
 
 # Cell codes of the node heatmap: free, held without a NIC, then paired by class.
@@ -150,16 +151,19 @@ def nic_states(topologies: Sequence[NodeTopology],
     A NIC (PF) is stranded when it has free VFs, its node still has free GPUs, and none of
     them is within PXB of it: the node's remaining GPUs cannot use it with GPUDirect RDMA.
     On a full node nothing is stranded (no GPU is left to pair), so a well-packed cluster is
-    not penalised for being full.
+    not penalised for being full. Free VFs are those any policy may still be handed
+    (`policies.offered_vfs`, the allocator's rule) and no pod holds.
     """
     stranded_vfs = stranded_nics = free_vfs = unaligned_gpus = free_gpus = 0
     for t in topologies:
         led = ledgers[t.node]
         free_g = [g.pci_address for g in t.gpus if g.pci_address not in led.used_gpus]
         free_gpus += len(free_g)
-        pf_free = {n.pci_address: len(n.vfs) - led.vfs_used_on(n.pci_address)
-                   for n in t.nics if n.vfs and not n.default_route
-                   and n.pci_address not in led.used_pfs}
+        pf_free = {}
+        for n in t.nics:
+            offered = offered_vfs(n)
+            if offered and n.pci_address not in led.used_pfs:
+                pf_free[n.pci_address] = sum(v.pci_address not in led.used_vfs for v in offered)
         for pf, free in pf_free.items():
             free_vfs += free
             if free and free_g and not any(t.distance[g][pf] <= GDR_LIMIT for g in free_g):

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
+from railyard.allocation.shape import port_usable, vf_allocatable
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef
 from railyard.topology.model import Gpu, Nic, NodeTopology, Vf
 
@@ -38,13 +39,23 @@ class ShapeIndex:
     """Device lists of one hardware shape, sorted by PCI address (shared by identical nodes)."""
 
     gpus: tuple[Gpu, ...]
-    vfs: tuple[tuple[Nic, Vf], ...]  # RDMA VFs of PFs that may be handed out
+    vfs: tuple[tuple[Nic, Vf], ...]  # the VFs Railyard's allocator may hand out
 
     @classmethod
     def of(cls, t: NodeTopology) -> ShapeIndex:
+        """Every policy is offered the same VFs: the allocator's own rule (`offered_vfs`)."""
         vfs = tuple((n, v) for n in sorted(t.nics, key=lambda n: n.pci_address)
-                    if not n.default_route for v in n.vfs if v.is_rdma)
+                    for v in offered_vfs(n))
         return cls(tuple(sorted(t.gpus, key=lambda g: g.pci_address)), vfs)
+
+
+def offered_vfs(nic: Nic) -> list[Vf]:
+    """The VFs of `nic` Railyard's allocator may hand out (`allocation.shape`): none on a port
+    known to be down; RDMA VFs still in the host view (not already inside some pod),
+    lowest VF index first. A PF carrying the default route offers its VFs like any other."""
+    if not port_usable(nic):
+        return []
+    return sorted((v for v in nic.vfs if vf_allocatable(v)), key=lambda v: v.vf_index)
 
 
 def index_shapes(topologies: Iterable[NodeTopology]) -> dict[str, ShapeIndex]:
