@@ -218,6 +218,9 @@ class RecordingRdma:
     def place(self, device: str, netns: Netns) -> None:
         self.where[device] = netns.identity()
 
+    def holds(self, device: str, netns: Netns) -> bool:
+        return self.where.get(device) == netns.identity()
+
     def move(self, device: str, source: Netns, target: Netns) -> None:
         if self.where.get(device) != source.identity():
             raise RdmaError(f"RDMA device {device} is not in {source.label}")

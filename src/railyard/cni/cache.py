@@ -40,7 +40,12 @@ class MovedDevice(msgspec.Struct, kw_only=True):
     original_up: bool
     mac_set: str | None = None  # the MAC ADD gave it, if the config asked for one
     original_parent: str | None = None  # the netdev's parent device (its PCI address) at ADD
-    original_altnames: list[str] = msgspec.field(default_factory=list)
+    # None in records older than these fields: DEL then leaves those settings as it finds them.
+    original_altnames: list[str] | None = None
+    original_flags: int | None = None  # the RESTORED_FLAGS bits (NOARP, PROMISC, …)
+    original_txqlen: int | None = None
+    original_group: int | None = None
+    original_alias: str | None = None
     # Names it crosses between namespaces under, each chosen at random and recorded before
     # use: ADD's first, then a fresh one per DEL attempt (the last few), newest last.
     transit_names: list[str] = msgspec.field(default_factory=list)

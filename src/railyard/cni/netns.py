@@ -26,6 +26,7 @@ from pyroute2.netlink.rtnl import (
     RTM_GETLINK,
     RTM_NEWADDR,
     RTM_NEWLINK,
+    RTM_NEWLINKPROP,
     RTM_NEWROUTE,
 )
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
@@ -35,6 +36,10 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 CLONE_NEWNET = 0x40000000
 NS_GET_NSTYPE = 0xB703  # ioctl on an nsfs file: which kind of namespace (linux/nsfs.h)
 IFF_UP = 0x1
+IFF_NOARP, IFF_PROMISC, IFF_ALLMULTI, IFF_MULTICAST = 0x80, 0x100, 0x200, 0x1000
+# Flags a pod may change on its VF that stay with the netdev when it moves: restored on DEL.
+RESTORED_FLAGS = IFF_NOARP | IFF_PROMISC | IFF_ALLMULTI | IFF_MULTICAST
+_IFLA_IFALIAS = 20
 _NETLINK_ROUTE = 0
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, port
@@ -147,6 +152,11 @@ class Link:
     parent: str | None  # IFLA_PARENT_DEV_NAME: the PCI address of a real NIC's netdev
     # Alternative names: they travel with the device, and a lookup by name matches them too.
     altnames: tuple[str, ...] = ()
+    # What else a pod can change on its VF that moves with it (see RESTORED_FLAGS).
+    flags: int = 0
+    txqlen: int | None = None
+    group: int | None = None
+    alias: str | None = None
 
     @classmethod
     def of(cls, msg: ifinfmsg) -> Link:
@@ -154,7 +164,9 @@ class Link:
         altnames = tuple(props.get_attrs("IFLA_ALT_IFNAME")) if props else ()
         return cls(msg["index"], msg.get_attr("IFLA_IFNAME"), msg.get_attr("IFLA_ADDRESS"),
                    msg.get_attr("IFLA_MTU"), bool(msg["flags"] & IFF_UP),
-                   msg.get_attr("IFLA_PARENT_DEV_NAME"), altnames)
+                   msg.get_attr("IFLA_PARENT_DEV_NAME"), altnames, msg["flags"],
+                   msg.get_attr("IFLA_TXQLEN"), msg.get_attr("IFLA_GROUP"),
+                   msg.get_attr("IFLA_IFALIAS") or None)
 
 
 class Links:
@@ -181,18 +193,26 @@ class Links:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg, kind: int, flags: int = 0) -> list:
-        """Send one request; the decoded replies (a dump's parts), or NetlinkFailure."""
+    def _request(self, msg, kind: int, flags: int = 0, raw_attrs: bytes = b"") -> list:
+        """Send one request; the decoded replies (a dump's parts), or NetlinkFailure.
+
+        `raw_attrs` are appended as encoded (for attributes pyroute2 cannot write empty)."""
         self._seq += 1
         msg["header"]["type"] = kind
         msg["header"]["flags"] = NLM_F_REQUEST | NLM_F_ACK | flags
         msg["header"]["sequence_number"] = self._seq
         msg.encode()
-        self._sock.send(msg.data)
+        data = bytes(msg.data)
+        if raw_attrs:
+            data = struct.pack("=I", len(data) + len(raw_attrs)) + data[4:] + raw_attrs
+        self._sock.send(data)
         cls = type(msg)
         replies = []
         while True:
-            data = self._sock.recv(1 << 16)
+            # A link's message can outgrow any fixed buffer (a pod may give one of its links
+            # ~64 KiB of altnames): ask the datagram's size first, as iproute2 does.
+            size = self._sock.recv_into(bytearray(1), 1, socket.MSG_PEEK | socket.MSG_TRUNC)
+            data = self._sock.recv(max(size, 1 << 16))
             off = 0
             while off + 16 <= len(data):
                 length, mtype = _HEADER.unpack_from(data, off)[:2]
@@ -208,7 +228,10 @@ class Links:
                     if mtype == NLMSG_DONE:
                         return replies
                     reply = cls(data[off:off + length])
-                    reply.decode()
+                    try:
+                        reply.decode()
+                    except Exception:  # pyroute2's decoders raise their own kinds
+                        raise NetlinkFailure(errno.EBADMSG) from None
                     replies.append(reply)
                 off += (length + 3) & ~3
 
@@ -257,7 +280,43 @@ class Links:
         msg["attrs"] = attrs
         self._do("set", link.name, msg, RTM_NEWLINK)
         return Link(link.index, name or link.name, (mac or link.mac),
-                    mtu or link.mtu, link.up if up is None else up, link.parent, link.altnames)
+                    mtu or link.mtu, link.up if up is None else up, link.parent, link.altnames,
+                    link.flags, link.txqlen, link.group, link.alias)
+
+    def restore(self, link: Link, *, flags: int, txqlen: int | None, group: int | None,
+                alias: str | None) -> None:
+        """Put back the RESTORED_FLAGS bits, txqueuelen, group and alias a link had."""
+        msg = ifinfmsg()
+        msg["index"] = link.index
+        msg["flags"], msg["change"] = flags & RESTORED_FLAGS, RESTORED_FLAGS
+        attrs: list = []
+        if txqlen is not None:
+            attrs.append(("IFLA_TXQLEN", txqlen))
+        if group is not None:
+            attrs.append(("IFLA_GROUP", group))
+        raw = b""
+        if alias:
+            attrs.append(("IFLA_IFALIAS", alias))
+        else:  # an empty attribute clears it; pyroute2 would send one NUL byte, an alias ""
+            raw = struct.pack("=HH", 4, _IFLA_IFALIAS)
+        msg["attrs"] = attrs
+        try:
+            self._request(msg, RTM_NEWLINK, raw_attrs=raw)
+        except NetlinkFailure as e:
+            raise LinkError("restore flags, txqueuelen, group and alias of",
+                            f"{link.name} in {self.netns.label}", e.code,
+                            os.strerror(e.code)) from None
+
+    def add_altnames(self, link: Link, names: list[str]) -> Link:
+        """Give the link these alternative names (RTM_NEWLINKPROP)."""
+        if not names:
+            return link
+        msg = ifinfmsg()
+        msg["index"] = link.index
+        msg["attrs"] = [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", n) for n in names]})]
+        self._do(f"add altnames {', '.join(names)} to", link.name, msg, RTM_NEWLINKPROP)
+        return Link(link.index, link.name, link.mac, link.mtu, link.up, link.parent,
+                    (*link.altnames, *names), link.flags, link.txqlen, link.group, link.alias)
 
     def drop_altnames(self, link: Link, names: list[str]) -> Link:
         """Remove these alternative names from the link (RTM_DELLINKPROP)."""
@@ -268,7 +327,8 @@ class Links:
         msg["attrs"] = [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", n) for n in names]})]
         self._do(f"drop altnames {', '.join(names)} of", link.name, msg, RTM_DELLINKPROP)
         return Link(link.index, link.name, link.mac, link.mtu, link.up, link.parent,
-                    tuple(a for a in link.altnames if a not in names))
+                    tuple(a for a in link.altnames if a not in names), link.flags, link.txqlen,
+                    link.group, link.alias)
 
     def down(self, link: Link) -> Link:
         return self.set(link, up=False)

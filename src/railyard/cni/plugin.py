@@ -26,6 +26,7 @@ from railyard.cni.cache import AttachmentRecord, CniStore, InUse, MovedDevice
 from railyard.cni.grants import Grant, Grants, PodDevices, confirm
 from railyard.cni.ipam import Ipam, IpamCall
 from railyard.cni.netns import (
+    RESTORED_FLAGS,
     Link,
     LinkError,
     Links,
@@ -300,6 +301,8 @@ class Plugin:
             original_mac=link.mac, original_mtu=link.mtu, original_up=link.up, mac_set=ifc.mac,
             rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
             original_parent=link.parent, original_altnames=list(link.altnames),
+            original_flags=link.flags & RESTORED_FLAGS, original_txqlen=link.txqlen,
+            original_group=link.group, original_alias=link.alias,
             transit_names=[transit_name()],
         )
 
@@ -309,10 +312,12 @@ class Plugin:
         out = {}
         for i, d in enumerate(rec.devices):
             if d.rdma_device and self.rdma_mode == "exclusive":
-                # Before the netdev: an IPoIB netdev may only follow its RDMA device.
-                self.rdma.move(d.rdma_device, self.host, pod_ns)
+                # Before the netdev: an IPoIB netdev may only follow its RDMA device. Noted
+                # first: a crash after the move must leave a record that undoes it (the undo
+                # checks where the device is, so a note without the move is harmless).
                 d.rdma_moved = True
                 self.store.save(rec)
+                self.rdma.move(d.rdma_device, self.host, pod_ns)
             ifc = conf.interface(i)
             out[d.ifname] = move_in(host, pod, pod_ns, d, mtu=ifc.mtu, mac=ifc.mac)
             d.pod_index = out[d.ifname].index  # on disk with the record's next save
@@ -424,6 +429,8 @@ class Plugin:
                          sysfs_root=self.settings.sysfs_root, problems=problems)
                 if d.rdma_moved:
                     self._rdma_back(d, pod_ns, problems)
+                    if not d.rdma_moved:
+                        self.store.save(rec)  # a crash later must not move it "back" again
         for d, f in releases:
             try:
                 f.result()
@@ -450,11 +457,14 @@ class Plugin:
             return None
 
     def _rdma_back(self, d: MovedDevice, pod_ns: Netns | None, problems: Problems) -> None:
+        """The device's RDMA device home; done already (a repeated DEL) counts as done."""
         if pod_ns is None:
             d.rdma_moved = False  # the kernel returns an RDMA device when its netns dies
             return
+        device = d.rdma_device or ""
         try:
-            self.rdma.move(d.rdma_device or "", pod_ns, self.host)
+            if not self.rdma.holds(device, self.host):
+                self.rdma.move(device, pod_ns, self.host)
             d.rdma_moved = False
         except RdmaError as e:
             problems.add(str(e))

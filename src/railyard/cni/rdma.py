@@ -43,6 +43,10 @@ class RdmaNetns(Protocol):
         """Move RDMA device `device` from namespace `source` into `target`."""
         ...
 
+    def holds(self, device: str, netns: Netns) -> bool:
+        """Is RDMA device `device` in namespace `netns` now? (Lets an undo be repeated.)"""
+        ...
+
 
 def nl_type(op: int) -> int:
     return (_NLDEV << 10) + op
@@ -137,6 +141,16 @@ class RdmaNetlink:
             if name == device and ATTR_DEV_INDEX in attrs:
                 return struct.unpack("=I", attrs[ATTR_DEV_INDEX][:4])[0]
         raise RdmaError(f"RDMA device {device} is not in this network namespace")
+
+    def holds(self, device: str, netns: Netns) -> bool:
+        try:
+            with self._socket(netns) as sock:
+                self._index(sock, device)
+        except RdmaError:
+            return False
+        except OSError as e:
+            raise RdmaError(f"list RDMA devices in {netns.label}: {e.strerror}") from None
+        return True
 
     def move(self, device: str, source: Netns, target: Netns) -> None:
         try:

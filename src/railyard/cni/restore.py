@@ -128,9 +128,16 @@ def put_back(d: MovedDevice, *, pod: Links | None, pod_links: list[Link], host: 
         problems.add(f"{d.pci}: {e}")
 
 
+def _extra_altnames(link: Link, d: MovedDevice) -> list[str]:
+    """Altnames the device did not have at ADD (none known for records older than that)."""
+    if d.original_altnames is None:
+        return []
+    return [a for a in link.altnames if a not in d.original_altnames]
+
+
 def _leave_pod(pod: Links, link: Link, d: MovedDevice, host_ns: Netns) -> None:
     # Names the pod gave it would follow it home, where a lookup by name matches them.
-    link = pod.drop_altnames(link, [a for a in link.altnames if a not in d.original_altnames])
+    link = pod.drop_altnames(link, _extra_altnames(link, d))
     if link.up:
         link = pod.down(link)
     # A failed rename (the pod holds the name) is a problem for this attempt only: the next
@@ -147,8 +154,9 @@ def _leave_pod(pod: Links, link: Link, d: MovedDevice, host_ns: Netns) -> None:
 
 
 def restore_in_place(host: Links, link: Link, d: MovedDevice) -> None:
-    """A device already in the host: its original name, MTU, MAC, altnames and state again."""
-    link = host.drop_altnames(link, [a for a in link.altnames if a not in d.original_altnames])
+    """A device already in the host: its original name, MTU, MAC, altnames, flags, txqueuelen,
+    group, alias and up/down state again (what the pod changed must not reach the next pod)."""
+    link = host.drop_altnames(link, _extra_altnames(link, d))
     if link.name != d.original_name:
         link = host.down(link)
     try:
@@ -162,4 +170,13 @@ def restore_in_place(host: Links, link: Link, d: MovedDevice) -> None:
         link = host.set(link, name=other, mtu=d.original_mtu, mac=d.original_mac)
         log.warning("cni: %s: its name %s was taken in the host meanwhile; it is back as %s",
                     d.pci, d.original_name, other)
+    if d.original_altnames:
+        missing = [a for a in d.original_altnames if a not in link.altnames]
+        try:
+            link = host.add_altnames(link, missing)
+        except LinkError as e:  # taken by another link meanwhile: the device matters more
+            log.warning("cni: %s: %s", d.pci, e)
+    if d.original_flags is not None:
+        host.restore(link, flags=d.original_flags, txqlen=d.original_txqlen,
+                     group=d.original_group, alias=d.original_alias)
     host.set(link, up=d.original_up)
