@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.cluster_file import cluster_from_spec
+from railyard.sim.arrivals import DemandRule, draw_arrivals
 from railyard.sim.judge import judge
 from railyard.sim.metrics import nic_states
 from railyard.sim.policies import (
@@ -19,8 +20,10 @@ from railyard.sim.policies import (
     KoordinatorPolicy,
     NumaPolicy,
     RandomPolicy,
+    make_allocation,
 )
 from railyard.sim.run import DEFAULT_POLICIES, make_policy
+from railyard.sim.trace import load_trace
 from railyard.topology.model import Distance
 
 
@@ -158,6 +161,39 @@ def test_koordinator_spreads_by_least_allocated():
     first = policy.place("a", Request(gpus=1))
     second = policy.place("b", Request(gpus=1))
     assert first.node != second.node
+
+
+class UnrememberedKoordinator(KoordinatorPolicy):
+    """The reference: every node re-planned for every pod, as before plans were kept."""
+
+    def _plan(self, node, request, strict):
+        self._plans.clear()
+        return super()._plan(node, request, strict)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_koordinator_keeping_plans_changes_no_decision(strict):
+    topologies = nodes("hgx-h100-4nic:4,dgx-h100:2,dgx-a100:2,mi300x:1,generic:2")
+    gpus = sum(len(t.gpus) for t in topologies)
+    rule = DemandRule(vf_share=1.0, strict=strict)
+    arrivals = draw_arrivals(load_trace("openb-multigpu20"), gpus, 3, rule, load=2.0)
+    kept, fresh = KoordinatorPolicy(topologies, 3), UnrememberedKoordinator(topologies, 3)
+    decisions = [(kept.place(a.uid, a.request), fresh.place(a.uid, a.request))
+                 for a in arrivals]
+    assert all(a == b for a, b in decisions)
+    assert sum(isinstance(a, Allocation) for a, _ in decisions) > len(arrivals) // 4
+    assert any(isinstance(a, Infeasible) for a, _ in decisions)
+
+
+def test_koordinator_sees_a_ledger_change_made_outside_it():
+    topo = nodes("dgx-h100:2")
+    policy = KoordinatorPolicy(topo, seed=0)
+    first = policy.place("a", Request(gpus=1, vfs=1))  # plans the other node: its GPU 0
+    other = next(t for t in topo if t.node != first.node)
+    policy.ledgers()[other.node].add("x", make_allocation(other.node, [other.gpus[0]], []))
+    second = policy.place("b", Request(gpus=1, vfs=1))  # the other node has more VFs free
+    assert isinstance(second, Allocation) and second.node == other.node
+    assert [g.index for g in second.all_gpus] == [1]
 
 
 def test_best_fit_packs_the_fullest_node_first():
