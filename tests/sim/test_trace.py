@@ -84,6 +84,60 @@ def test_extra_cells_are_reported():
         parse_trace(f"{HEADER}\np,1,1,1,1000,9\n", "t")
 
 
+def test_trace_error_names_the_physical_line_after_blank_lines():
+    text = f"{HEADER}\na,1,1,1,1000\n\n\n\nb,1,1,x,1000\n"
+    with pytest.raises(TraceError, match=r"line 6, column num_gpu"):
+        parse_trace(text, "t.csv")
+
+
+def test_trace_error_names_the_physical_line_after_a_quoted_multiline_cell():
+    text = f'{HEADER}\n"pod\nwith newline",1,1,1,1000\nc,1,1,x,1000\n'
+    with pytest.raises(TraceError, match=r"line 4, column num_gpu"):
+        parse_trace(text, "t.csv")
+
+
+def test_trace_error_in_a_multiline_row_names_its_first_and_last_lines():
+    text = f'{HEADER}\nc,1,1,1,1000\n"pod\nwith newline",1,1,x,1000\n'
+    with pytest.raises(TraceError, match=r"lines 3-4, column num_gpu"):
+        parse_trace(text, "t.csv")
+
+
+def test_trace_with_a_utf8_bom_is_read(tmp_path):
+    """Spreadsheets write "CSV UTF-8" with a byte-order mark; the header is otherwise fine."""
+    f = tmp_path / "t.csv"
+    f.write_bytes(("\ufeff" + f"{HEADER}\np0,1000,1024,1,1000\n").encode("utf-8"))
+    trace = load_trace(str(f))
+    assert [p.gpus for p in trace.pods] == [1]
+
+
+def test_trace_with_a_duplicated_column_is_an_error():
+    """Two num_gpu columns: which one counts is a guess (csv keeps the last, silently)."""
+    text = f"{HEADER},num_gpu\np0,1,1,1,1000,8\n"
+    with pytest.raises(TraceError, match="column.s. num_gpu appear more than once"):
+        parse_trace(text, "t.csv")
+
+
+def test_numbers_are_plain_digits():
+    """int() would read "1_0" as 10 and Arabic-Indic digits as numbers."""
+    for cell in ("1_0", "1_000.0", "\u0661"):
+        with pytest.raises(TraceError, match=f"column cpu_milli: not a number: {cell!r}"):
+            parse_trace(f"{HEADER}\np,{cell},1,1,1000\n", "t")
+
+
+def test_a_number_too_large_is_out_of_range_and_not_echoed_whole():
+    for cell in ("9" * 5000, "9" * 5000 + ".0", "1e30", str(2**63)):
+        with pytest.raises(TraceError, match=r"line 2, column cpu_milli: .* out of range") as e:
+            parse_trace(f"{HEADER}\np,{cell},1,1,1000\n", "t")
+        assert len(str(e.value)) < 150
+    assert parse_trace(f"{HEADER}\np,{2**63 - 1},1,1,1000\n", "t").pods[0].cpu_milli == 2**63 - 1
+
+
+def test_a_cell_over_the_csv_field_limit_names_its_line():
+    text = f"{HEADER}\np,1,1,1,1000\n\nq,1,1,1,{'9' * 200_000}\n"
+    with pytest.raises(TraceError, match=r"line 4: not CSV: field larger than field limit"):
+        parse_trace(text, "t")
+
+
 def test_creation_time_column_gives_times():
     trace = parse_trace(f"{HEADER},creation_time\np,1,1,1,1000,30\nq,1,1,1,1000,10\n", "t")
     assert trace.has_times

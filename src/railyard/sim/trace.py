@@ -2,16 +2,20 @@
 
 Two lists ship inside the package (Alibaba `cluster-trace-gpu-v2023`, CC BY 4.0, see
 `sim/data/ATTRIBUTION.md`); any CSV with the same columns works too. Bad rows are reported
-with their line and column, never as a traceback.
+with their physical line(s) in the file and their column, never as a traceback.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
+from typing import Protocol
 
 # Built-in trace names -> files in railyard/sim/data.
 BUILTIN_TRACES = {
@@ -21,6 +25,7 @@ BUILTIN_TRACES = {
 REQUIRED_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 TIME_COLUMN = "creation_time"
 MAX_GPUS_PER_POD = 64
+MAX_VALUE = 2**63 - 1  # the largest number any column may hold (a signed 64-bit integer)
 
 
 class TraceError(ValueError):
@@ -66,60 +71,91 @@ def load_trace(name_or_path: str) -> Trace:
     if not path.is_file():
         known = ", ".join(BUILTIN_TRACES)
         raise TraceError(f"trace {name_or_path!r}: neither a built-in trace ({known}) nor a file")
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # -sig: spreadsheets save "CSV UTF-8" with a byte-order mark
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"trace {path}: cannot read: {e}") from None
     return parse_trace(text, str(path))
 
 
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _shown(raw: str) -> str:
+    """A cell for an error message: whole when short, else its start and its length."""
+    if len(raw) <= 32:
+        return repr(raw)
+    return f"{raw[:24]!r}… ({len(raw)} characters)"
+
+
 def _int(row: dict[str, str], column: str, where: str, *, lo: int = 0,
-         hi: int | None = None) -> int:
+         hi: int = MAX_VALUE) -> int:
+    """A whole number in plain ASCII digits; some exports write it as a float ("1000.0").
+
+    Stricter than `int()`, which also takes "1_0" (as 10) and non-ASCII digits, and which
+    refuses more than 4,300 digits with an error of its own."""
     raw = (row.get(column) or "").strip()
-    try:
-        value = int(raw)
-    except ValueError:
-        value = _integral_float(raw, column, where)
-    if value < lo or (hi is not None and value > hi):
-        bound = f"{lo}..{hi}" if hi is not None else f">= {lo}"
-        raise TraceError(f"{where}, column {column}: {value} out of range ({bound})")
+    value: int | None
+    if _WHOLE.fullmatch(raw):
+        value = int(raw) if len(raw.lstrip("+-").lstrip("0")) <= 19 else None
+    elif _DECIMAL.fullmatch(raw):
+        d = Decimal(raw)
+        if d != d.to_integral_value():
+            raise TraceError(f"{where}, column {column}: expected a whole number, "
+                             f"got {_shown(raw)}")
+        value = int(d) if d.adjusted() < 19 else None
+    else:
+        raise TraceError(f"{where}, column {column}: not a number: {_shown(raw)}")
+    if value is None or value < lo or value > hi:
+        shown = _shown(raw) if value is None else str(value)
+        raise TraceError(f"{where}, column {column}: {shown} out of range ({lo}..{hi})")
     return value
-
-
-def _integral_float(raw: str, column: str, where: str) -> int:
-    """Some exports write whole numbers as floats ("1000.0")."""
-    try:
-        f = float(raw)
-    except ValueError:
-        raise TraceError(f"{where}, column {column}: not a number: {raw!r}") from None
-    if not f.is_integer():
-        raise TraceError(f"{where}, column {column}: expected a whole number, got {raw!r}")
-    return int(f)
 
 
 def parse_trace(text: str, name: str) -> Trace:
     """Parse an openb pod list; with a `creation_time` column every row needs a time."""
+    rows = csv.reader(io.StringIO(text, newline=""))
     try:
-        return _parse(text, name)
-    except csv.Error as e:
-        raise TraceError(f"trace {name}: not a CSV file: {e}") from None
+        return _parse(rows, name)
+    except csv.Error as e:  # raised while reading the line the reader is on
+        raise TraceError(f"trace {name}, line {rows.line_num}: not CSV: {e}") from None
 
 
-def _parse(text: str, name: str) -> Trace:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    columns = [c.strip() for c in (reader.fieldnames or [])]
+class _Rows(Protocol):
+    """A `csv.reader`: rows of cells, and the physical line it has read up to."""
+
+    line_num: int
+
+    def __iter__(self) -> Iterator[list[str]]: ...
+
+    def __next__(self) -> list[str]: ...
+
+
+def _parse(rows: _Rows, name: str) -> Trace:
+    columns = [c.strip() for c in next(rows, [])]
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
         raise TraceError(f"trace {name}: missing column(s) {', '.join(missing)} "
                          f"(expected {', '.join(REQUIRED_COLUMNS)}[, {TIME_COLUMN}])")
-    reader.fieldnames = columns
+    # csv would keep the last of two equal names, silently: which one is meant is a guess.
+    twice = [c for c in (*REQUIRED_COLUMNS, TIME_COLUMN) if columns.count(c) > 1]
+    if twice:
+        raise TraceError(f"trace {name}: column(s) {', '.join(twice)} appear more than once "
+                         "in the header")
     has_times = TIME_COLUMN in columns
     pods: list[TracePod] = []
-    for line, row in enumerate(reader, start=2):
-        where = f"trace {name}, line {line}"
-        if None in row:  # more cells than header columns
-            raise TraceError(f"{where}: {len(row[None]) + len(columns)} cells, header has "
-                             f"{len(columns)}")
+    line_after = rows.line_num
+    for cells in rows:
+        # A row's first and last physical lines: blank lines and quoted line breaks count.
+        first, line_after = line_after + 1, rows.line_num
+        if not cells:  # a blank line
+            continue
+        lines = f"line {first}" if first == line_after else f"lines {first}-{line_after}"
+        where = f"trace {name}, {lines}"
+        if len(cells) > len(columns):
+            raise TraceError(f"{where}: {len(cells)} cells, header has {len(columns)}")
+        row = dict(zip(columns, cells, strict=False))
         num_gpu = _int(row, "num_gpu", where, hi=MAX_GPUS_PER_POD)
         gpu_milli = _int(row, "gpu_milli", where, hi=1000)
         if num_gpu > 1 and gpu_milli < 1000:
@@ -129,7 +165,7 @@ def _parse(text: str, name: str) -> Trace:
         if has_times:
             created = _int(row, TIME_COLUMN, where)
         pods.append(TracePod(
-            name=(row.get("name") or "").strip() or f"row-{line}",
+            name=(row.get("name") or "").strip() or f"row-{first}",
             cpu_milli=_int(row, "cpu_milli", where),
             memory_mib=_int(row, "memory_mib", where),
             num_gpu=num_gpu,
