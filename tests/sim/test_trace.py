@@ -113,7 +113,7 @@ def test_trace_with_a_utf8_bom_is_read(tmp_path):
 def test_trace_with_a_duplicated_column_is_an_error():
     """Two num_gpu columns: which one counts is a guess (csv keeps the last, silently)."""
     text = f"{HEADER},num_gpu\np0,1,1,1,1000,8\n"
-    with pytest.raises(TraceError, match="column.s. num_gpu appear more than once"):
+    with pytest.raises(TraceError, match=r"column\(s\) num_gpu appear more than once"):
         parse_trace(text, "t.csv")
 
 
