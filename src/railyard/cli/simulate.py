@@ -89,7 +89,7 @@ def simulate(
             fail(f"cannot run the railyard policy: {exc}")
     info = RunInfo(
         cluster=cluster, trace=workload.name, seed=seed, vf_share=vf_share, strict=strict,
-        arrivals=len(arrivals), multi_gpu_arrivals=sum(a.is_multi_gpu for a in arrivals),
+        load=load, arrivals=len(arrivals), multi_gpu_arrivals=sum(a.is_multi_gpu for a in arrivals),
         fractional_pods=sum(a.pod.is_fractional for a in arrivals),
         cpu_only_rows=sum(1 for p in workload.pods if p.gpus == 0), nodes=len(topologies),
         wall_s=time.perf_counter() - started,

@@ -10,6 +10,8 @@ import base64
 import html
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +25,7 @@ from matplotlib.patches import Patch
 
 from railyard.sim.judge import CLASS_FACTOR
 from railyard.sim.metrics import CELL_FREE, CELL_PAIRED
-from railyard.sim.run import SimResult
+from railyard.sim.run import HEATMAP_SNAPSHOT, SimResult
 from railyard.topology.model import Distance
 
 POLICY_COLOURS = {
@@ -55,6 +57,7 @@ class RunInfo:
     seed: int
     vf_share: float
     strict: bool
+    load: float  # arrivals were drawn until they requested this × the cluster's GPUs
     arrivals: int
     multi_gpu_arrivals: int
     fractional_pods: int
@@ -69,6 +72,24 @@ def _colour(policy: str) -> str:
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _load_pct(load: float) -> str:
+    """A load as the user gave it: 1.3 → "130%", 0.333 → "33.3%"."""
+    return f"{100 * load:.4g}%"
+
+
+def reached_full_load(result: SimResult) -> bool:
+    """Whether arrivals reached 100% of the cluster's GPUs (every policy sees the same ones)."""
+    return any(HEATMAP_SNAPSHOT in r.metrics.snapshots for r in result.results.values())
+
+
+def heatmap_moment(result: SimResult) -> str:
+    """When the heatmap was taken: at 100% load, or at the end of a run that stopped short."""
+    if reached_full_load(result):
+        return "when arrivals reach 100% of the cluster's GPUs"
+    arrived = max((r.metrics.arrived_load for r in result.results.values()), default=0.0)
+    return f"at the end of the run (arrivals reached {_pct(arrived)} of the cluster's GPUs)"
 
 
 # ------------------------------------------------------------------------ the table
@@ -169,9 +190,11 @@ def chart_allocation(result: SimResult, path: Path) -> None:
     top = max((r.metrics.curve[-1][0] for r in result.results.values() if r.metrics.curve),
               default=1.3)
     ax.plot([0, 1], [0, 1], color="#cccccc", lw=1, ls=":", zorder=1)
-    for a, y in ((ax, 0.02), (ax2, 0.985)):  # where the label crosses no curve
+    # Marked only within the axes: a label beyond a run that stopped short of 100% would
+    # stretch the figure (and tight_layout gives up).
+    for a, y in ((ax, 0.02), (ax2, 0.985)) if top * 1.01 >= 1.0 else ():
         a.axvline(1.0, color="#bbbbbb", lw=0.8, ls="--", zorder=1)
-        a.text(1.0, y, " 100% load", color="#888888", fontsize=8,
+        a.text(1.0, y, " 100% load", color="#888888", fontsize=8,  # where it crosses no curve
                va="bottom" if y < 0.5 else "top", transform=a.get_xaxis_transform())
     for name, r in result.results.items():
         curve = r.metrics.curve
@@ -276,8 +299,8 @@ def chart_pairs(result: SimResult, path: Path) -> None:
 
 
 def chart_heatmap(result: SimResult, path: Path) -> None:
-    """Each GPU of a sample of nodes at 100% load: free, held without a NIC, or paired (by
-    class); GPUs of multi-GPU pods carry the pod's GPU count."""
+    """Each GPU of a sample of nodes at 100% load (or at the end of a shorter run): free, held
+    without a NIC, or paired (by class); GPUs of multi-GPU pods carry the pod's GPU count."""
     names = list(result.results)
     cols = min(3, len(names))
     rows_n = (len(names) + cols - 1) // cols
@@ -318,7 +341,7 @@ def chart_heatmap(result: SimResult, path: Path) -> None:
     handles += [Patch(color=CLASS_COLOURS[d], label=f"paired {d.name}") for d in Distance]
     fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
                fontsize=8)
-    fig.suptitle("GPUs of a sample of nodes when arrivals reach 100% of the cluster's GPUs "
+    fig.suptitle(f"GPUs of a sample of nodes {heatmap_moment(result)} "
                  "(digits: GPUs of a multi-GPU pod)", fontsize=10.5, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     _save(fig, path)
@@ -341,39 +364,39 @@ def _save(fig, path: Path) -> None:
 CHARTS = (
     ("allocation.png", chart_allocation, "Allocation and GDR-capable training pods as load grows"),
     ("pairs.png", chart_pairs, "Pairs by distance class, and multi-GPU pods"),
-    ("heatmap.png", chart_heatmap, "A sample of nodes at 100% load"),
+    ("heatmap.png", chart_heatmap, "A sample of nodes"),
 )
+REPORT_FILES = (*(f for f, _, _ in CHARTS), "report.html", "metrics.json")  # in move order
 
 
 # ------------------------------------------------------------------------ writing
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write-temp-then-rename, so a reader never sees half a report (mode from the umask)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def write_report(result: SimResult, info: RunInfo, outdir: Path) -> Path:
-    """Write metrics.json, the chart PNGs and report.html into `outdir`; return the HTML."""
+    """Write the chart PNGs, report.html and metrics.json into `outdir`; return the HTML.
+
+    Everything is written into a temporary folder inside `outdir` first and then renamed
+    into place, metrics.json last: an interrupted or failed report leaves the previous one
+    whole, never a truncated chart or this run's metrics beside the last run's charts.
+    """
     outdir.mkdir(parents=True, exist_ok=True)
-    metrics = result.metrics_json()
-    _atomic_write(outdir / "metrics.json",
-                  (json.dumps(metrics, indent=2, sort_keys=False) + "\n").encode())
-    images = {}
-    for filename, draw, title in CHARTS:
-        path = outdir / filename
-        draw(result, path)
-        images[filename] = (title, base64.b64encode(path.read_bytes()).decode("ascii"))
-    page = render_html(result, info, images)
-    report = outdir / "report.html"
-    _atomic_write(report, page.encode("utf-8"))
-    return report
+    tmp = Path(tempfile.mkdtemp(prefix=".railyard-report-", dir=outdir))
+    try:
+        images = {}
+        for filename, draw, title in CHARTS:
+            draw(result, tmp / filename)
+            if filename == "heatmap.png":
+                title = f"{title} {heatmap_moment(result)}"
+            images[filename] = (title,
+                                base64.b64encode((tmp / filename).read_bytes()).decode("ascii"))
+        (tmp / "report.html").write_text(render_html(result, info, images), encoding="utf-8")
+        metrics = json.dumps(result.metrics_json(), indent=2, sort_keys=False) + "\n"
+        (tmp / "metrics.json").write_text(metrics, encoding="utf-8")
+        for name in REPORT_FILES:
+            os.replace(tmp / name, outdir / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return outdir / "report.html"
 
 
 def headline(result: SimResult) -> str:
@@ -387,15 +410,18 @@ def headline(result: SimResult) -> str:
     ry = res["railyard"].metrics
 
     def full(m) -> float:
-        return m.snapshots.get("atFullLoad", {}).get("gpuAllocationRatio", 0.0)
+        return m.snapshots[HEATMAP_SNAPSHOT]["gpuAllocationRatio"]
 
     end_name, end_m = max(base.items(), key=lambda kv: kv[1].allocated_gpus)
-    full_name, full_m = max(base.items(), key=lambda kv: full(kv[1]))
     gdr_name, gdr_m = max(base.items(), key=lambda kv: kv[1].multi_gdr)
+    at_full = ""
+    if HEATMAP_SNAPSHOT in ry.snapshots:  # not when arrivals stopped short of 100%
+        full_name, full_m = max(base.items(), key=lambda kv: full(kv[1]))
+        at_full = (f" and {_pct(full(ry))} when arrivals reached 100% "
+                   f"({full_name}: {_pct(full(full_m))})")
     return (
         f"Railyard allocated {ry.allocated_gpus} of {ry.cluster_gpus} GPUs at the end "
-        f"(best baseline: {end_name}, {end_m.allocated_gpus}) and {_pct(full(ry))} when "
-        f"arrivals reached 100% ({full_name}: {_pct(full(full_m))}); {ry.multi_gdr} of "
+        f"(best baseline: {end_name}, {end_m.allocated_gpus}){at_full}; {ry.multi_gdr} of "
         f"{ry.multi_arrived} multi-GPU pods got GPUDirect RDMA on every rank "
         f"({gdr_name}: {gdr_m.multi_gdr})."
     )
@@ -445,8 +471,9 @@ def render_html(result: SimResult, info: RunInfo, images: dict[str, tuple[str, s
 <h2>How to read this</h2>
 <ul class="notes">
 <li>Arrivals: pods drawn from the trace with replacement (seeded) until the GPUs they request
-reach 130% of the cluster's GPUs, as in the FGD paper; in trace order when the trace has
-creation times. Every policy faces the same sequence.</li>
+reach {_load_pct(info.load)} of the cluster's GPUs (<code>--load {info.load:g}</code>; the FGD
+paper grows load to 130%); in trace order when the trace has creation times. Every policy
+faces the same sequence.</li>
 <li>RDMA demand (the trace has no NIC column): pods with ≥ 2 GPUs are training pods wanting one
 VF per GPU; {100 * info.vf_share:.0f}% of one-GPU pods (a seeded draw) want one VF; the rest
 want none. {"Training pods carry <code>maxDistance: PXB</code> (--strict)." if info.strict
@@ -460,7 +487,8 @@ CPU-attached NIC; "~half the performance" without GDR; a cross-NUMA setup halved
 (see docs/simulator.md). Other pods' traffic is not modelled.</li>
 <li>Stranded NICs: PFs with free VFs on a node that still has free GPUs, none of them within
 PXB (those GPUs cannot use the NIC with GPUDirect RDMA); counted when arrivals reach 50% and
-100% of the cluster's GPUs (at the end of a 130% run the cluster is usually full).</li>
+100% of the cluster's GPUs (“–” where this run's arrivals stopped short of that; at the end of
+a run past 100% the cluster is usually full).</li>
 {notes}
 </ul>
 <p class="foot">Workload: Alibaba cluster-trace-gpu-v2023 (openb), CC BY 4.0 — Weng et al.,
