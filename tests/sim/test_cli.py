@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
+import railyard.sim.run
 from railyard.cli.main import app
 
 SMALL = ["--cluster", "dgx-h100:2,dgx-a100:1,hgx-h100-4nic:1", "--no-progress"]
@@ -59,6 +61,40 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
         assert "Traceback" not in result.output
+
+
+def test_simulate_rejects_an_unusable_output_before_simulating(tmp_path, monkeypatch):
+    """`--output` naming a file: the run can take minutes and would be thrown away; the
+    option is bad input like any other and fails first."""
+    calls = []
+    real = railyard.sim.run.simulate
+
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(railyard.sim.run, "simulate", spy)
+    not_a_folder = tmp_path / "report"
+    not_a_folder.write_text("a file, not a folder\n")
+    result = run("--cluster", "dgx-h100:1", "--no-progress", "--policies", "random",
+                 "--output", str(not_a_folder))
+    assert result.exit_code == 2, result.output
+    assert "cannot write the report" in result.output
+    assert calls == [], "the whole simulation ran before --output was checked"
+    assert not_a_folder.read_text() == "a file, not a folder\n"
+
+
+def test_ctrl_c_ends_with_a_message_and_exit_130(tmp_path, monkeypatch, capsys):
+    """Typer turns KeyboardInterrupt into exit 130 without a word; the user is told."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(railyard.sim.run, "simulate", interrupted)
+    with pytest.raises(SystemExit) as exit_:
+        app(["simulate", *SMALL, "--policies", "random", "--output", str(tmp_path / "r")])
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err.strip().endswith("railyard: interrupted")
+    assert not (tmp_path / "r" / "metrics.json").exists()
 
 
 def test_cluster_file_is_accepted(tmp_path):

@@ -36,6 +36,8 @@ class _Railyard(typer.Typer):
             print("railyard: aborted", file=sys.stderr)
             sys.exit(1)
         # Not standalone, click returns the exit code of typer.Exit, or a command's value.
+        if rv == 130:  # typer 0.26+ turns Ctrl-C (KeyboardInterrupt) into Exit(130), silently
+            print("railyard: interrupted", file=sys.stderr)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 

@@ -5,6 +5,7 @@ command so the rest of the CLI starts fast.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated
@@ -21,7 +22,8 @@ def simulate(
     cluster: Annotated[str, typer.Option(
         "--cluster", metavar="SPEC|FILE",
         help="profile:count,… (dgx-h100, dgx-a100, hgx-h100-4nic, mi300x, generic; 8 VFs per "
-             "compute PF) or a cluster file as the extender reads it.")] = DEFAULT_CLUSTER,
+             "compute PF) or a cluster file as the extender reads it (its pods are ignored).")
+    ] = DEFAULT_CLUSTER,
     trace: Annotated[str, typer.Option(
         "--trace", metavar="NAME|FILE",
         help="openb-default, openb-multigpu20, or a CSV in the openb pod-list format.")
@@ -32,7 +34,9 @@ def simulate(
              "railyard-spread).")] = "railyard,random,numa,koordinator,best-fit",
     seed: Annotated[int, typer.Option("--seed", help="Seeds every random choice.")] = 0,
     output: Annotated[Path, typer.Option(
-        "--output", metavar="DIR", help="Where metrics.json, the PNGs and report.html go.")
+        "--output", metavar="DIR",
+        help="Where metrics.json, the PNGs and report.html go (created if missing, checked "
+             "before simulating).")
     ] = Path("railyard-report"),
     strict: Annotated[bool, typer.Option(
         "--strict", help="Training pods (≥ 2 GPUs) require every pair within PXB.")] = False,
@@ -40,7 +44,8 @@ def simulate(
         "--vf-share", metavar="F", help="Share of one-GPU pods that want one VF (0..1).")
     ] = 0.25,
     load: Annotated[float, typer.Option(
-        "--load", metavar="F", help="Draw pods until they request F × the cluster's GPUs.")
+        "--load", metavar="F",
+        help="Draw pods until they request F × the cluster's GPUs (0 < F ≤ 10).")
     ] = 1.3,
     progress: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar.")] = True,
@@ -76,6 +81,12 @@ def simulate(
     cluster_gpus = sum(len(t.gpus) for t in topologies)
     if cluster_gpus == 0:
         fail(f"cluster {cluster!r} has no GPUs to simulate")
+    try:  # a bad --output is bad input too: found now, not after minutes of simulating
+        output.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output):
+            pass
+    except OSError as exc:
+        fail(f"cannot write the report to {output}: {exc}")
     arrivals = draw_arrivals(workload, cluster_gpus, seed, rule, load)
 
     columns = (TextColumn("[bold]{task.description:<16}"), BarColumn(),
@@ -95,7 +106,11 @@ def simulate(
         wall_s=time.perf_counter() - started,
     )
     try:
-        report = write_report(result, info, output)
+        if progress:
+            with console.status("writing the report"):
+                report = write_report(result, info, output)
+        else:
+            report = write_report(result, info, output)
     except OSError as exc:
         fail(f"cannot write the report to {output}: {exc}")
     print_table(console, result, info, console_rows(result), FOOTNOTES)
