@@ -121,3 +121,16 @@ def test_same_seed_gives_the_same_metrics_apart_from_latency():
     c = simulate(topologies, arrivals, BASELINE_NAMES, 10).metrics_json(with_latency=False)
     assert a == b
     assert a != c
+
+
+def test_latency_leaves_out_every_policys_first_decision():
+    """The first decision pays one-time costs; left out alike for every policy, it no longer
+    is the p99 of a short run."""
+    topologies = list(cluster_from_spec("dgx-h100:1"))
+    arrivals = [arrival(i, 1, 1, "rdma") for i in range(3)]
+    m = simulate(topologies, arrivals, ["random"], 0).results["random"].metrics
+    m.latencies_s = [0.5, 0.001, 0.002, 0.003]
+    out = m.as_json()
+    assert (out["decisionLatencyP50Ms"], out["decisionLatencyP99Ms"]) == (2.0, 3.0)
+    m.latencies_s = [0.5]  # one decision: nothing else to report
+    assert m.as_json()["decisionLatencyP99Ms"] == 500.0
