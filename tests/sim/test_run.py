@@ -7,7 +7,7 @@ import pytest
 from railyard.allocation.request import Request
 from railyard.scheduler.cluster_file import cluster_from_spec
 from railyard.sim.arrivals import Arrival, draw_arrivals
-from railyard.sim.metrics import CELL_FREE, CELL_NO_NIC, CELL_PAIRED, nic_states
+from railyard.sim.metrics import CELL_FREE, CELL_NO_NIC, CELL_PAIRED, _quantile, nic_states
 from railyard.sim.policies import BestFitPolicy, make_allocation
 from railyard.sim.run import PolicyError, parse_policies, sample_nodes, simulate
 from railyard.sim.trace import TracePod, load_trace
@@ -134,3 +134,17 @@ def test_latency_leaves_out_every_policys_first_decision():
     assert (out["decisionLatencyP50Ms"], out["decisionLatencyP99Ms"]) == (2.0, 3.0)
     m.latencies_s = [0.5]  # one decision: nothing else to report
     assert m.as_json()["decisionLatencyP99Ms"] == 500.0
+
+
+def ranks(n: int) -> list[float]:
+    return [float(i) for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize(("xs", "q", "expected"), [
+    (ranks(2), 0.5, 1.0), (ranks(3), 0.5, 2.0), (ranks(4), 0.5, 2.0),
+    (ranks(100), 0.99, 99.0), (ranks(300), 0.99, 297.0), (ranks(537), 0.99, 532.0),
+    ([7.0], 0.99, 7.0), ([], 0.5, 0.0),
+])
+def test_quantile_is_the_nearest_rank(xs, q, expected):
+    """The ⌈q·n⌉-th smallest value (round() rounded halves to even and took the next)."""
+    assert _quantile(xs, q) == expected

@@ -6,6 +6,7 @@ per policy); `docs/simulator.md` defines each of them.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -191,11 +192,14 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def _quantile(xs: list[float], q: float) -> float:
-    """Nearest-rank quantile: a value that really occurred."""
+    """Nearest-rank quantile: a value that really occurred, the ⌈q·n⌉-th smallest.
+
+    (`round(q·n + 0.5)` rounds halves to even, so it took the next rank when q·n was an odd
+    whole number: the median of two values was the larger.)"""
     if not xs:
         return 0.0
     ordered = sorted(xs)
-    k = max(0, min(len(ordered) - 1, round(q * len(ordered) + 0.5) - 1))
+    k = max(0, min(len(ordered) - 1, math.ceil(q * len(ordered) - 1e-9) - 1))
     return ordered[k]
 
 
