@@ -1,0 +1,52 @@
+"""Benchmark: the simulation itself, in process, per policy (no start-up, no charts).
+
+`simulate()` for one policy at a time over the same arrivals on the default cluster
+(`dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8`), seed 0, both shipped traces; median of
+`--repeats` runs. The baselines are each other's reference: same arrivals, same cluster.
+
+    python benchmarks/simulator.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+
+from railyard.scheduler.cluster_file import cluster_from_spec
+from railyard.sim.arrivals import draw_arrivals
+from railyard.sim.run import DEFAULT_POLICIES, simulate
+from railyard.sim.trace import load_trace
+
+CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"
+TRACES = ("openb-default", "openb-multigpu20")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    opts = parser.parse_args()
+    topologies = list(cluster_from_spec(CLUSTER))
+    gpus = sum(len(t.gpus) for t in topologies)
+    arrivals = {t: draw_arrivals(load_trace(t), gpus, 0) for t in TRACES}
+    print(f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
+          f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
+    print(f"Command: python benchmarks/simulator.py --repeats {opts.repeats}\n")
+    print("| policy | " + " | ".join(f"{t} ({len(arrivals[t])} pods)" for t in TRACES) + " |")
+    print("|---|" + "---|" * len(TRACES))
+    for policy in DEFAULT_POLICIES:
+        cells = []
+        for trace in TRACES:
+            times = []
+            for _ in range(opts.repeats):
+                start = time.perf_counter()
+                simulate(topologies, arrivals[trace], [policy], 0)
+                times.append((time.perf_counter() - start) * 1000)
+            cells.append(f"{statistics.median(times):.0f} ms")
+        print(f"| {policy} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
