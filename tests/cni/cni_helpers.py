@@ -227,3 +227,26 @@ class RecordingRdma:
         self.where[device] = target.identity()
         host_links = set(links(self.host_ns)) if self.host_ns else set()
         self.moves.append((device, source.label, target.label, host_links))
+
+
+def add(shim: Path, pod: Pod, conf: dict | bytes, **kw) -> Result:
+    """ADD for `pod`, as a runtime makes it (its container, netns and CNI_ARGS)."""
+    return run_shim(shim, "ADD", conf, container_id=pod.container_id, netns=pod.netns_path,
+                    args=pod.args(), **kw)
+
+
+def delete(shim: Path, pod: Pod, conf: dict | bytes, **kw) -> Result:
+    return run_shim(shim, "DEL", conf, container_id=pod.container_id, netns=pod.netns_path,
+                    args=pod.args(), **kw)
+
+
+def record_path(node: Node, pod: Pod, network: str = "rdma", ifname: str = "net1") -> Path:
+    """Where the CNI service keeps the pod's attachment record."""
+    return node.state_dir / "cni" / "attachments" / network / f"{pod.container_id}:{ifname}.json"
+
+
+def transit_names(node: Node, pod: Pod) -> list[str]:
+    """The last transit name each device of the pod's attachment crossed (or will cross) under."""
+    return [d["transit_names"][-1]
+            for d in json.loads(record_path(node, pod).read_text())["devices"]]
+

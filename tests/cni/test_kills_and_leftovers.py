@@ -24,8 +24,10 @@ from cni_helpers import (
     Node,
     Pod,
     RecordingRdma,
+    add,
+    delete,
     links,
-    run_shim,
+    record_path,
     sh,
     unique,
 )
@@ -37,20 +39,6 @@ pytestmark = pytest.mark.root
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def add(shim: Path, pod: Pod, conf: dict, **kw):
-    return run_shim(shim, "ADD", conf, container_id=pod.container_id, netns=pod.netns_path,
-                    args=pod.args(), **kw)
-
-
-def delete(shim: Path, pod: Pod, conf: dict, **kw):
-    return run_shim(shim, "DEL", conf, container_id=pod.container_id, netns=pod.netns_path,
-                    args=pod.args(), **kw)
-
-
-def record_path(node: Node, pod: Pod) -> Path:
-    return node.state_dir / "cni" / "attachments" / "rdma" / f"{pod.container_id}:net1.json"
 
 
 def detail(ns: str, name: str) -> dict:

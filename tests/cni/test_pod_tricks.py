@@ -14,31 +14,21 @@ import time
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, Pod, links, run_shim, sh, unique
+from cni_helpers import (
+    Node,
+    add,
+    delete,
+    links,
+    record_path,
+    sh,
+    transit_names,
+    unique,
+)
 
 from railyard.cni import plugin as plugin_module
 from railyard.cni.restore import fallback_name
 
 pytestmark = pytest.mark.root
-
-
-def add(shim: Path, pod: Pod, conf: dict, **kw):
-    return run_shim(shim, "ADD", conf, container_id=pod.container_id, netns=pod.netns_path,
-                    args=pod.args(), **kw)
-
-
-def delete(shim: Path, pod: Pod, conf: dict, **kw):
-    return run_shim(shim, "DEL", conf, container_id=pod.container_id, netns=pod.netns_path,
-                    args=pod.args(), **kw)
-
-
-def record_path(node: Node, pod: Pod) -> Path:
-    return node.state_dir / "cni" / "attachments" / "rdma" / f"{pod.container_id}:net1.json"
-
-
-def transit_names(node: Node, pod: Pod) -> list[str]:
-    return [d["transit_names"][-1]
-            for d in json.loads(record_path(node, pod).read_text())["devices"]]
 
 
 def link_json(ns: str) -> dict[str, dict]:

@@ -7,32 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, Pod, links, run_shim, sh
+from cni_helpers import Node, Pod, add, delete, links, record_path, sh, transit_names
 
 from railyard.cni import plugin as plugin_module
 from railyard.cni.restore import fallback_name
 
 pytestmark = pytest.mark.root
-
-
-def add(shim: Path, pod: Pod, conf: dict):
-    return run_shim(shim, "ADD", conf, container_id=pod.container_id, netns=pod.netns_path,
-                    args=pod.args())
-
-
-def delete(shim: Path, pod: Pod, conf: dict):
-    return run_shim(shim, "DEL", conf, container_id=pod.container_id, netns=pod.netns_path,
-                    args=pod.args())
-
-
-def record_path(node: Node, pod: Pod) -> Path:
-    return node.state_dir / "cni" / "attachments" / "rdma" / f"{pod.container_id}:net1.json"
-
-
-def transit_names(node: Node, pod: Pod) -> list[str]:
-    """The last transit name each device crossed (or will cross) under."""
-    return [d["transit_names"][-1]
-            for d in json.loads(record_path(node, pod).read_text())["devices"]]
 
 
 def added_pod(node: Node, shim: Path, conf: dict, count: int = 2) -> tuple[Pod, dict]:

@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.rtnl import (
@@ -279,9 +279,8 @@ class Links:
             return link
         msg["attrs"] = attrs
         self._do("set", link.name, msg, RTM_NEWLINK)
-        return Link(link.index, name or link.name, (mac or link.mac),
-                    mtu or link.mtu, link.up if up is None else up, link.parent, link.altnames,
-                    link.flags, link.txqlen, link.group, link.alias)
+        return replace(link, name=name or link.name, mac=mac or link.mac, mtu=mtu or link.mtu,
+                       up=link.up if up is None else up)
 
     def restore(self, link: Link, *, flags: int, txqlen: int | None, group: int | None,
                 alias: str | None) -> None:
@@ -309,26 +308,21 @@ class Links:
 
     def add_altnames(self, link: Link, names: list[str]) -> Link:
         """Give the link these alternative names (RTM_NEWLINKPROP)."""
-        if not names:
-            return link
-        msg = ifinfmsg()
-        msg["index"] = link.index
-        msg["attrs"] = [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", n) for n in names]})]
-        self._do(f"add altnames {', '.join(names)} to", link.name, msg, RTM_NEWLINKPROP)
-        return Link(link.index, link.name, link.mac, link.mtu, link.up, link.parent,
-                    (*link.altnames, *names), link.flags, link.txqlen, link.group, link.alias)
+        self._altnames(link, names, RTM_NEWLINKPROP, "add altnames {} to")
+        return replace(link, altnames=(*link.altnames, *names))
 
     def drop_altnames(self, link: Link, names: list[str]) -> Link:
         """Remove these alternative names from the link (RTM_DELLINKPROP)."""
-        if not names:
-            return link
-        msg = ifinfmsg()
-        msg["index"] = link.index
-        msg["attrs"] = [("IFLA_PROP_LIST", {"attrs": [("IFLA_ALT_IFNAME", n) for n in names]})]
-        self._do(f"drop altnames {', '.join(names)} of", link.name, msg, RTM_DELLINKPROP)
-        return Link(link.index, link.name, link.mac, link.mtu, link.up, link.parent,
-                    tuple(a for a in link.altnames if a not in names), link.flags, link.txqlen,
-                    link.group, link.alias)
+        self._altnames(link, names, RTM_DELLINKPROP, "drop altnames {} of")
+        return replace(link, altnames=tuple(a for a in link.altnames if a not in names))
+
+    def _altnames(self, link: Link, names: list[str], kind: int, op: str) -> None:
+        if names:
+            msg = ifinfmsg()
+            msg["index"] = link.index
+            msg["attrs"] = [("IFLA_PROP_LIST",
+                             {"attrs": [("IFLA_ALT_IFNAME", n) for n in names]})]
+            self._do(op.format(", ".join(names)), link.name, msg, kind)
 
     def down(self, link: Link) -> Link:
         return self.set(link, up=False)
