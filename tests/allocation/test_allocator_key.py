@@ -234,5 +234,40 @@ def test_brute_force_reference_agrees_with_itself_on_a_known_answer():
     assert best[:5] == (1, 2, 1, 2, 4)
 
 
+
+def test_equal_keys_resolve_to_the_lowest_pci_addresses():
+    """Item 7: among choices equal on items 2-6 the lowest PCI addresses win.
+
+    GPUs A, B, C and PFs X < Y < Z. A→X, B→Y, C→Z (NODE, PIX, NODE) and A→Y, B→X, C→Z
+    (PHB, PXB, NODE) both have worst NODE and sum 6, one NUMA node, one pair per PF and no
+    GPU left, so the tie-break decides: A→X. The pairing search meets the prefix (A→Y, B→X)
+    first; its table of equivalent prefixes used to drop (A→X, B→Y) because that prefix's
+    worst so far is larger, although C's NODE pair makes both worsts equal in the end.
+    """
+    gpus = tuple(Gpu(i, f"0000:{0x10 + i:02x}:00.0", 0, None, "0x10de", "0x2330",
+                     "pci0000:00", None) for i in range(3))
+    nics = tuple(
+        Nic(f"0000:{0x40 + j:02x}:00.0", f"mlx5_{j}", f"ib{j}", 0, "InfiniBand", "4: ACTIVE",
+            None, "mlx5_core", "pci0000:00", None, 1,
+            (Vf(f"0000:{0x40 + j:02x}:00.1", 0, f"mlx5_{10 + j}", f"ib{j}v0", "mlx5_core",
+                None),))
+        for j in range(3))
+    a, b, c = (g.pci_address for g in gpus)
+    x, y, z = (n.pci_address for n in nics)
+    d = Distance
+    distance = {a: {x: d.NODE, y: d.PHB, z: d.SYS},
+                b: {x: d.PXB, y: d.PIX, z: d.SYS},
+                c: {x: d.SYS, y: d.SYS, z: d.NODE}}
+    t = NodeTopology("n1", (NumaNode(0, "0-3", 1 << 30),), gpus, nics, distance)
+    r = Request(gpus=3, vfs=3)
+    got = Allocator().allocate(t, Ledger(t), r)
+    assert isinstance(got, Allocation), got
+    best = brute_force(t, Ledger(t), r)
+    assert key_of(t, Ledger(t), r, got)[:6] == best[:6]  # items 2-6 agree ...
+    assert [(p.gpu.pci_address, p.nic.pf_pci_address) for p in got.pairs] == [
+        (a, x), (b, y), (c, z)]  # ... and item 7 picks the lowest addresses
+    assert key_of(t, Ledger(t), r, got) == best
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-q"])

@@ -422,8 +422,10 @@ class Search:
                            lambda: ties_lose(d)):
                 return
             # Prefixes that reach the same loads on the same PFs have the same futures: one
-            # that is no better in worst and summed distance (and not lower in address order
-            # on a tie) cannot win. This collapses GPU orders that shared pairing multiplies.
+            # that is no better in worst and summed distance cannot win, unless the sums tie
+            # and it is lower in address order. A lower worst so far is no reason to drop a
+            # lower prefix: a GPU paired later can raise both worsts to the same value.
+            # This collapses GPU orders that shared pairing multiplies.
             state = (d, tuple(loads), tuple(mode))
             prefix = tuple(targets)
             seen = visited.get(state)
@@ -431,7 +433,7 @@ class Search:
                 visited[state] = [(worst, total, prefix)]
             else:
                 for w, t, p in seen:
-                    if w <= worst and t <= total and (w < worst or t < total or p < prefix):
+                    if w <= worst and t <= total and (t < total or p < prefix):
                         return
                 seen.append((worst, total, prefix))
             if d == k:
