@@ -96,3 +96,13 @@ def test_cached_signature_follows_every_add_remove_and_failed_add():
             ledger.remove(holder)
         assert ledger.signature() == Ledger(TOPO, ledger.holders()).signature()
     assert [h for h, _ in ledger.holders()] == ["d"]
+
+
+def test_one_allocation_holding_a_pf_whole_and_one_of_its_vfs_is_refused():
+    """A whole PF excludes its VFs within one allocation too, not only against other holders:
+    a restored or hand-edited record naming both would grant the PF netdev and a VF of it."""
+    both = Allocation(TOPO.node, (), None, (), nics=(NicRef.of_pf(PF), NicRef.of_vf(PF, PF.vfs[0])))
+    ledger = Ledger(TOPO)
+    with pytest.raises(LedgerConflict, match=f"holds PF {PF.pci_address} .* whole and its VF"):
+        ledger.add("pod", both)
+    assert len(ledger) == 0 and not ledger.used_pfs and not ledger.used_vfs

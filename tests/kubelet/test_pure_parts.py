@@ -316,3 +316,38 @@ def test_grpc_unix_target_of_a_relative_socket_path_is_absolute(tmp_path, monkey
     # `unix://kd/x.sock` names authority "kd"; a relative --kubelet-dir failed to bind.
     assert unix_target("kd/x.sock") == f"unix://{tmp_path}/kd/x.sock"
     assert unix_target("/abs/x.sock") == "unix:///abs/x.sock"
+
+
+# ------------------------------------------------------------------ node planning
+
+
+def test_node_plan_holds_a_pf_kubelet_does_not_offer_without_also_holding_its_vfs(
+        tmp_path, caplog):
+    """A pod wanting a whole PF and no VFs: the planner holds the PFs kubelet does not offer
+    (a held PF also holds its VFs). Naming those VFs in the same hold made the ledger refuse
+    it (one holding may not name a PF whole and a VF of it), so the hold was lost, the
+    allocator picked the unoffered PF and the node fell back to its greedy plan."""
+    from railyard.agent.state import StateStore
+    from railyard.allocation.ledger import Ledger
+    from railyard.allocation.request import Request
+    from railyard.kubelet.admission import Admission
+
+    class NoPods:
+        def pods(self) -> list:
+            return []
+
+    g0 = TOPO.gpus[0]
+    near = min(COMPUTE, key=lambda n: (TOPO.distance[g0.pci_address][n.pci_address],
+                                       n.pci_address)).pci_address
+    free = {"gpu": frozenset(GPUS),
+            "vf": frozenset(v for pf, vfs in VF_OF.items() if pf != near for v in vfs),
+            "pf": frozenset(n.pci_address for n in COMPUTE) - {near}}
+    adm = Admission(TOPO, StateStore(tmp_path, NODE), NoPods(), NAMES)
+    ledger = Ledger(TOPO)
+    with caplog.at_level("WARNING"):
+        plan = adm._allocator_plan(ledger, Request(gpus=1, pfs=1), free)
+    assert not [m for m in caplog.messages if "cannot hold" in m]
+    assert plan is not None  # the allocator's plan, not the greedy fallback
+    assert set(ids_of(plan, "pf")) <= free["pf"] and near not in ids_of(plan, "pf")
+    held = ledger.allocation("railyard/unavailable")
+    assert held is not None and near in {n.pci_address for n in held.nics}

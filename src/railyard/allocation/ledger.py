@@ -129,6 +129,10 @@ class Ledger:
             if taken:
                 a = min(taken)
                 raise LedgerConflict(f"{what} {a} on {node} is already held by {self.holder_of(a)}")
+        for vf in sorted(h.vfs):  # within one allocation too: a record granting both is wrong
+            if self._pf_of_vf[vf] in h.pfs:
+                raise LedgerConflict(
+                    f"allocation holds PF {self._pf_of_vf[vf]} on {node} whole and its VF {vf}")
         for pf in h.pfs:  # a whole PF excludes its VFs, and the other way round
             if self._vfs_used_per_pf.get(pf):
                 raise LedgerConflict(f"PF {pf} on {node} has VFs in use; cannot take it whole")

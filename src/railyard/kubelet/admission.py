@@ -232,15 +232,20 @@ class Admission:
             return None
         # Hold what this plugin may not hand out (unoffered, or not offered by kubelet now) so
         # the allocator cannot pick it. Whole PFs are held only when the pod wants no VFs:
-        # a held PF would also hold its VFs.
+        # a held PF would also hold its VFs. Those VFs are then not held again: the ledger
+        # refuses one holding that names a PF whole and a VF of it.
         gpus = [GpuRef.of(g) for g in self.topology.gpus
                 if g.device_id not in free["gpu"] and g.pci_address not in ledger.used_gpus]
+        held_pfs = {i for i, n in self.index.nics.items()
+                    if n.kind == "pf" and request.vfs == 0 and i not in free["pf"]
+                    and i not in ledger.used_pfs and not ledger.vfs_used_on(i)}
+
         def held(i: str, n: NicRef) -> bool:
             if n.kind == "vf":
                 return (i not in free["vf"] and i not in ledger.used_vfs
-                        and n.pf_pci_address not in ledger.used_pfs)
-            return (request.vfs == 0 and i not in free["pf"] and i not in ledger.used_pfs
-                    and not ledger.vfs_used_on(i))
+                        and n.pf_pci_address not in ledger.used_pfs
+                        and n.pf_pci_address not in held_pfs)
+            return i in held_pfs
 
         nics = [n for i, n in self.index.nics.items() if held(i, n)]
         if gpus or nics:
