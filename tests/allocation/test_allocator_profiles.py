@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -273,6 +277,47 @@ def test_full_node_is_infeasible_but_resolvable():
     result = allocator.allocate(t, ledger, Request(gpus=1, vfs=1))
     assert isinstance(result, Infeasible) and not result.unresolvable
     assert "only 0 of 8 free" in result.reason
+
+
+
+@contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Abort the block after `seconds`, so a slow search fails fast instead of hanging."""
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"allocator took more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+@pytest.mark.parametrize(("name", "vfs_per_pf", "request_"), [
+    # 8 PFs with one VF each: 8 VFs need all 8 PFs, so none is left to take whole.
+    ("mi300x", 1, Request(gpus=4, vfs=8, pfs=1)),
+    ("mi300x", 1, Request(gpus=4, vfs=8, pfs=3)),
+    # 12 PFs, 8 of them with one VF: 8 VFs + 5 whole PFs need 13.
+    ("dgx-h100", 1, Request(gpus=8, vfs=8, pfs=5)),
+    # 8 PFs with 4 VFs: 3 taken whole leave 20 VFs, not 28.
+    ("mi300x", 4, Request(gpus=4, vfs=28, pfs=3)),
+])
+def test_vfs_and_whole_pfs_competing_for_the_same_pfs_answer_quickly(name, vfs_per_pf,
+                                                                      request_):
+    """Enough free VFs and enough whole-able PFs in total, but a PF held whole gives no VFs,
+    so nothing fits. The search had no incumbent to prune with and walked every GPU set and
+    pairing, twice (then again for `unresolvable`): seconds to minutes per node group,
+    inside kube-scheduler's sequential cycle. A count check now says no at once."""
+    t = build_topology(profile(name), vfs_per_pf=vfs_per_pf, node=name)
+    start = time.perf_counter()
+    with deadline(3.0):
+        result = Allocator().allocate(t, Ledger(t), request_)
+    elapsed = time.perf_counter() - start
+    assert isinstance(result, Infeasible) and result.unresolvable
+    assert "a PF held whole gives no VFs" in result.reason
+    assert elapsed < 1.0, f"{elapsed:.2f} s for {request_}"
 
 
 def test_node_score_is_zero_when_infeasible_and_ranks_pix_above_pxb():

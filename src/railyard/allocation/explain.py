@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from railyard.allocation.request import Request
-from railyard.allocation.search import Spec, feasible
+from railyard.allocation.search import Spec, feasible, vfs_beside_whole
 from railyard.allocation.shape import FreeState, NodeShape
 from railyard.topology.model import Distance
 
@@ -153,6 +153,10 @@ def explain(shape: NodeShape, free: FreeState, request: Request) -> str:
         why = _why_not_whole(shape, free)
         return (f"{_plural(spec.pfs, 'whole PF')} requested but only {whole_free} free"
                 + (f": {_listed(why)}" if why else ""))
+    if spec.vfs and spec.pfs and vfs_beside_whole(free, spec.pfs) < spec.vfs:
+        return (f"{_plural(spec.vfs, 'VF')} and {_plural(spec.pfs, 'whole PF')} requested but "
+                f"a PF held whole gives no VFs: with {_plural(spec.pfs, 'PF')} taken whole at "
+                f"most {vfs_beside_whole(free, spec.pfs)} of the {vf_free} free VFs are left")
     if spec.cpus > sum(free.cpus):
         return f"{spec.cpus} exclusive CPUs requested but only {sum(free.cpus)} free"
     if spec.memory > sum(free.memory):

@@ -124,6 +124,13 @@ def water_fill(total: int, caps: list[tuple[int, int]]) -> list[tuple[int, int]]
     return sorted(out.items())
 
 
+def vfs_beside_whole(free: FreeState, pfs: int) -> int:
+    """The most VFs still free once `pfs` PFs are taken whole (a PF held whole gives no VFs):
+    take whole the whole-able PFs with the fewest free VFs."""
+    kept = sorted(v for v, ok in zip(free.vfs, free.whole_ok, strict=True) if ok)[:pfs]
+    return sum(free.vfs) - sum(kept)
+
+
 def _bits(mask: int) -> list[int]:
     out = []
     while mask:
@@ -247,6 +254,10 @@ class Search:
         if (len(free_gpus) < k or sum(fr.vfs) < sp.vfs or sum(fr.whole_ok) < sp.pfs
                 or sum(fr.cpus) < sp.cpus or sum(fr.memory) < sp.memory):
             return None  # plain counts: no search needed to say no
+        if sp.vfs and sp.pfs and vfs_beside_whole(fr, sp.pfs) < sp.vfs:
+            # VFs and whole PFs compete for the same PFs. Without this the search, having no
+            # incumbent to prune with, walks every GPU set and pairing to find nothing.
+            return None
         self.offers: dict[int, list[tuple[int, int, int]]] = {}
         self.best_of: dict[int, int] = {}
         for i in free_gpus:
