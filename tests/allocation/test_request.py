@@ -86,6 +86,55 @@ def test_fractional_cpu_is_never_exclusive():
     assert request_from_pod(pod(res)).exclusive_cpus == 0
 
 
+def limits(cpu: str, memory: str = "1Gi", **more: str) -> dict:
+    return {"limits": {"cpu": cpu, "memory": memory, **more}}
+
+
+def test_fractional_containers_summing_to_an_integer_get_no_exclusive_cpus():
+    """kubelet's static CPU manager pins CPUs per container, and only for a container whose
+    own CPU request is whole (staticPolicy.guaranteedCPUs). 1500m + 500m: nothing is pinned
+    although the pod total is 2, so no exclusive CPUs and no memory are reserved."""
+    r = request_from_pod(pod(limits("1500m", **{"nvidia.com/gpu": "1"}), limits("500m")))
+    assert r.exclusive_cpus == 0
+    assert r.memory_bytes == 0
+
+
+def test_an_integer_container_next_to_a_fractional_one_still_pins_its_cpus():
+    """The same rule the other way round: a 2-CPU container next to a 500m one gets 2 pinned
+    CPUs from kubelet, although the pod total 2.5 is not whole."""
+    r = request_from_pod(pod(limits("2", **{"nvidia.com/gpu": "1"}), limits("500m")))
+    assert r.exclusive_cpus == 2
+    assert r.memory_bytes == 2 << 30
+
+
+def test_an_init_container_without_limits_makes_the_pod_burstable():
+    """Kubernetes QoS (ComputePodQOS) looks at init containers too: one without CPU and
+    memory limits makes the pod Burstable, and kubelet pins nothing."""
+    p = pod(limits("4", **{"nvidia.com/gpu": "1"}),
+            inits=[{"requests": {"cpu": "100m", "memory": "64Mi"}}])
+    assert request_from_pod(p).exclusive_cpus == 0
+
+
+def test_a_zero_cpu_limit_counts_as_no_limit():
+    """ComputePodQOS counts only positive limits: a container limited to 0 CPUs is not
+    Guaranteed, so nothing is pinned for the pod."""
+    assert request_from_pod(pod(limits("4"), limits("0"))).exclusive_cpus == 0
+
+
+def test_pinned_cpus_are_the_larger_of_an_init_container_and_the_long_running_ones():
+    """kubelet reuses an init container's pinned CPUs for the containers after it
+    (podGuaranteedCPUs): max(init + sidecars started before it, apps + sidecars)."""
+    big_init = pod(limits("2"), inits=[limits("6")])
+    assert request_from_pod(big_init).exclusive_cpus == 6
+    small_init = pod(limits("2"), limits("3"), inits=[limits("4")])
+    assert request_from_pod(small_init).exclusive_cpus == 5
+    with_sidecar = {"metadata": {"name": "p"}, "spec": {
+        "containers": [{"name": "app", "resources": limits("2")}],
+        "initContainers": [{"name": "side", "resources": limits("1"), "restartPolicy": "Always"},
+                           {"name": "init", "resources": limits("4")}]}}
+    assert request_from_pod(with_sidecar).exclusive_cpus == 5  # sidecar 1 + init 4 > 2 + 1
+
+
 def test_default_pairing_follows_the_counts():
     assert Request(gpus=2, vfs=2).pairing == "one-to-one"
     assert Request(gpus=2, vfs=4).pairing == "one-to-one"

@@ -35,7 +35,7 @@ class Request:
     gpus: int = 0
     vfs: int = 0
     pfs: int = 0
-    exclusive_cpus: int = 0  # integer CPUs of a Guaranteed pod: pinned, counted per NUMA node
+    exclusive_cpus: int = 0  # CPUs kubelet pins (whole-CPU containers of a Guaranteed pod)
     memory_bytes: int = 0
     max_distance: Distance | None = None  # hard limit for every pair
     numa: NumaPolicy = "preferred"
@@ -147,17 +147,27 @@ def _add(totals: dict[str, Fraction], more: dict[str, Fraction]) -> None:
         totals[name] = totals.get(name, Fraction(0)) + q
 
 
-def _is_guaranteed(containers: list[dict]) -> bool:
+def _is_guaranteed(containers: list[Any]) -> bool:
+    """Kubernetes QoS class Guaranteed (ComputePodQOS), over app *and* init containers: each
+    has positive CPU and memory limits (zero limits count as none), and requests, where
+    given, equal them (an unset request defaults to the limit)."""
     for c in containers:
         res = c.get("resources") or {}
         limits, requests = res.get("limits") or {}, res.get("requests") or {}
         for name in ("cpu", "memory"):
-            if name not in limits:
+            if name not in limits or not parse_quantity(limits[name], name):
                 return False
             if name in requests and parse_quantity(requests[name], name) != parse_quantity(
                     limits[name], name):
                 return False
     return bool(containers)
+
+
+def _pinned_cpus(own: dict[str, Fraction]) -> int:
+    """CPUs kubelet's static CPU manager pins for one container of a Guaranteed pod: its own
+    CPU request when that is a whole number, else none (staticPolicy.guaranteedCPUs)."""
+    cpu = own.get("cpu", Fraction(0))
+    return int(cpu) if cpu.denominator == 1 else 0
 
 
 def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Request:
@@ -176,32 +186,40 @@ def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Requ
         raise RequestError("spec.initContainers", "expected a list")
 
     totals: dict[str, Fraction] = {}
+    pinned_apps = 0  # kubelet's podGuaranteedCPUs, counted alongside (used if Guaranteed)
     for i, c in enumerate(containers):
-        _add(totals, _container_resources(c, f"spec.containers[{i}]"))
+        own = _container_resources(c, f"spec.containers[{i}]")
+        _add(totals, own)
+        pinned_apps += _pinned_cpus(own)
     # kube-scheduler's effective requests (component-helpers PodRequests, KEP-753): a sidecar
     # (an init container with restartPolicy Always) runs for the pod's life, so it adds to
     # the app containers; an ordinary init container runs next to the sidecars started
     # before it, and the pod needs at least that much while it runs.
     sidecars: dict[str, Fraction] = {}
     peak: dict[str, Fraction] = {}
+    pinned_sidecars = pinned_inits = 0
     for i, c in enumerate(inits):
         own = _container_resources(c, f"spec.initContainers[{i}]")
         if c.get("restartPolicy") == "Always":
             _add(totals, own)
             _add(sidecars, own)
             during = sidecars
+            pinned_sidecars += _pinned_cpus(own)
         else:
             during = dict(sidecars)
             _add(during, own)
+            pinned_inits = max(pinned_inits, pinned_sidecars + _pinned_cpus(own))
         for name, q in during.items():
             peak[name] = max(peak.get(name, Fraction(0)), q)
     for name, q in peak.items():
         totals[name] = max(totals.get(name, Fraction(0)), q)
 
-    cpu = totals.get("cpu", Fraction(0))
+    # kubelet's static CPU manager pins CPUs per container, only for a Guaranteed pod and
+    # only a container whose own CPU request is whole; init containers' CPUs are reused by
+    # the containers after them (staticPolicy.podGuaranteedCPUs).
     exclusive = 0
-    if cpu and cpu.denominator == 1 and _is_guaranteed(containers):
-        exclusive = int(cpu)  # kubelet's static CPU manager pins these
+    if _is_guaranteed([*containers, *inits]):
+        exclusive = max(pinned_apps + pinned_sidecars, pinned_inits)
     memory = totals.get("memory", Fraction(0))
     hints = hints_from_annotations((pod.get("metadata") or {}).get("annotations"))
     return Request(
