@@ -320,6 +320,22 @@ def test_vfs_and_whole_pfs_competing_for_the_same_pfs_answer_quickly(name, vfs_p
     assert elapsed < 1.0, f"{elapsed:.2f} s for {request_}"
 
 
+
+def test_numa_single_with_no_numa_node_holding_the_devices_answers_quickly():
+    """`numa: single` wants every device on one NUMA node. 2 GPUs + 8 VFs + 4 whole PFs fit a
+    DGX H100 (2 VFs per PF) but no one NUMA node of it: the search walked every GPU set and
+    pairing to find that out (1.2 s); counts per NUMA node now say no at once."""
+    t = topo("dgx-h100", vfs_per_pf=2)
+    request_ = Request(gpus=2, vfs=8, pfs=4, numa="single")
+    start = time.perf_counter()
+    with deadline(3.0):
+        result = Allocator().allocate(t, Ledger(t), request_)
+    elapsed = time.perf_counter() - start
+    assert isinstance(result, Infeasible) and result.unresolvable
+    assert result.reason.startswith("numa: single: no single NUMA node holds"), result.reason
+    assert elapsed < 0.3, f"{elapsed:.2f} s for {request_}"
+
+
 def test_node_score_is_zero_when_infeasible_and_ranks_pix_above_pxb():
     alloc = Allocator()
     h100, a100 = topo("dgx-h100"), topo("dgx-a100")

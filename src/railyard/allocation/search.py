@@ -21,7 +21,7 @@ capacity kept. The tests prove the result against brute force.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -124,11 +124,21 @@ def water_fill(total: int, caps: list[tuple[int, int]]) -> list[tuple[int, int]]
     return sorted(out.items())
 
 
-def vfs_beside_whole(free: FreeState, pfs: int) -> int:
+def vfs_beside_whole(free: FreeState, pfs: int, only: Collection[int] | None = None) -> int:
     """The most VFs still free once `pfs` PFs are taken whole (a PF held whole gives no VFs):
-    take whole the whole-able PFs with the fewest free VFs."""
-    kept = sorted(v for v, ok in zip(free.vfs, free.whole_ok, strict=True) if ok)[:pfs]
-    return sum(free.vfs) - sum(kept)
+    take whole the whole-able PFs with the fewest free VFs. `only`: these PF indices alone."""
+    js = range(len(free.vfs)) if only is None else only
+    kept = sorted(free.vfs[j] for j in js if free.whole_ok[j])[:pfs]
+    return sum(free.vfs[j] for j in js) - sum(kept)
+
+
+def _counts_fit(free: FreeState, spec: Spec, gpus: int, pfs: Collection[int] | None) -> bool:
+    """Whether `gpus` free GPUs and the PFs `pfs` (None: all) hold the request's device
+    counts: VFs, whole PFs, and both at once."""
+    js = range(len(free.vfs)) if pfs is None else pfs
+    return (gpus >= spec.gpus and sum(free.vfs[j] for j in js) >= spec.vfs
+            and sum(free.whole_ok[j] for j in js) >= spec.pfs
+            and not (spec.vfs and spec.pfs and vfs_beside_whole(free, spec.pfs, js) < spec.vfs))
 
 
 def _bits(mask: int) -> list[int]:
@@ -254,9 +264,15 @@ class Search:
         if (len(free_gpus) < k or sum(fr.vfs) < sp.vfs or sum(fr.whole_ok) < sp.pfs
                 or sum(fr.cpus) < sp.cpus or sum(fr.memory) < sp.memory):
             return None  # plain counts: no search needed to say no
-        if sp.vfs and sp.pfs and vfs_beside_whole(fr, sp.pfs) < sp.vfs:
-            # VFs and whole PFs compete for the same PFs. Without this the search, having no
-            # incumbent to prune with, walks every GPU set and pairing to find nothing.
+        # VFs and whole PFs compete for the same PFs, and `numa: single` wants every device
+        # on one NUMA node. Without these counts the search, having no incumbent to prune
+        # with, walks every GPU set and pairing to find nothing.
+        if not _counts_fit(fr, sp, len(free_gpus), None):
+            return None
+        if sp.numa == "single" and not any(
+                _counts_fit(fr, sp, sum(1 for i in free_gpus if sh.gpu_numa[i] == b),
+                            [j for j in range(self.npf) if sh.pf_numa[j] == b])
+                for b in range(len(sh.numa_ids) + 1)):
             return None
         self.offers: dict[int, list[tuple[int, int, int]]] = {}
         self.best_of: dict[int, int] = {}
