@@ -539,9 +539,31 @@ class Search:
         whole_cands = [j for j in range(npf) if mode[j] == 0 and fr.whole_ok[j]]
         if len(whole_cands) < extra_whole:
             return
-        fixed = (gset, targets, worst, total, (maxload, sumsq), mask, gpus_after,
-                 paired_whole_mask)
+        crowd = (maxload, sumsq)
+        fixed = (gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask)
+        # `_fill`'s own first test, done here without its setup: most choices of whole PFs
+        # lose at once, and there are C(candidates, extra_whole) of them per pairing.
+        pf_numa, vfs = self.shape.pf_numa, sp.vfs
+        need_numa, need_closed = mask, paired_whole_mask
+        for j in range(npf):
+            if tmin[j]:
+                need_numa |= 1 << pf_numa[j]
+                if tmin[j] >= rvf[j]:
+                    need_closed |= 1 << j
+        smin, smax_all = sum(tmin), sum(tmax)
         for wset in combinations(whole_cands, extra_whole):
+            if not smin <= vfs <= smax_all - sum(tmax[j] for j in wset):
+                continue
+            wnuma, wmask = need_numa, need_closed
+            for j in wset:
+                wnuma |= 1 << pf_numa[j]
+                wmask |= 1 << j
+            if self._loses(worst, total, lambda wnuma=wnuma: (self.span(wnuma) or (None,))[0],
+                           crowd,
+                           lambda wmask=wmask: self.aligned(gpus_after, self.open0 & ~wmask),
+                           lambda wset=wset: self.best_tie is not None
+                           and self.best_tie[:3] <= (gset, targets, wset)):
+                continue
             self._fill(fixed, wset, tmin, tmax)
 
     def _fill(self, fixed: tuple, wset: tuple[int, ...], tmin: list[int],
