@@ -102,6 +102,24 @@ def test_max_distance_blocked_by_exhausted_pfs_names_numa_node_and_pfs():
     assert "PF 0000:c0:00.0 exhausted" in result.reason
 
 
+
+def test_max_distance_blocked_by_one_gpus_own_pf_names_that_gpu():
+    """Two free GPUs on a DGX H100 (4 VFs per PF), the first one's PIX PF exhausted: the
+    other PF has 4 free VFs, more than the 2 asked for, so "only 4 free VFs within PIX"
+    explained nothing. The reason names the GPU that has no free NIC near it, and why."""
+    t = topo("dgx-h100", vfs_per_pf=4)
+    g0 = t.gpus[0]
+    own = t.nic("0000:18:00.0")
+    assert t.distance[g0.pci_address][own.pci_address] == Distance.PIX
+    ledger = Ledger(t, [("x", holder(t, gpus=[g.pci_address for g in t.gpus[2:]],
+                                      vfs=[v.pci_address for v in own.vfs]))])
+    result = Allocator().allocate(t, ledger, Request(gpus=2, vfs=2, max_distance=Distance.PIX))
+    assert isinstance(result, Infeasible) and not result.unresolvable
+    assert result.reason == (
+        "maxDistance PIX: 2 GPUs need a free NIC within PIX but only 1 of the 2 free GPUs "
+        f"have one: GPU {g0.pci_address} (PF 0000:18:00.0 exhausted)")
+
+
 # ----------------------------------------------------------------------- each Allocation form
 
 

@@ -109,6 +109,23 @@ def _distance_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
                 f"have one: {_listed(named)}")
     assert best is not None
     _, bit, gpus, near, cap = best
+    if cap >= min(spec.pairs, spec.vfs + spec.pfs):
+        # Enough free NICs near the GPUs in total, but some GPUs have none of their own:
+        # name those GPUs and why their near PFs give nothing.
+        def offers(j: int) -> bool:
+            return bool((spec.vfs and free.vfs[j]) or (spec.pfs and free.whole_ok[j]))
+
+        cut = [i for i in free_gpus if i not in lacking
+               and not any(offers(j) for j in serving if shape.dist[i][j] <= spec.max_distance)]
+        if len(free_gpus) - len(lacking) - len(cut) < spec.pairs:
+            named = [f"GPU {shape.gpus[i].pci_address} ("
+                     + "; ".join(_why_no_vfs(shape, free, [
+                         j for j in serving if shape.dist[i][j] <= spec.max_distance])
+                                 or ["its near PFs are held"]) + ")" for i in cut]
+            have = len(free_gpus) - len(lacking) - len(cut)
+            return (f"maxDistance {limit}: {_plural(spec.pairs, 'GPU')} need a free NIC within "
+                    f"{limit} but only {have} of the {len(free_gpus)} free GPUs have one: "
+                    f"{_listed(named)}")
     why = _why_no_vfs(shape, free, near)
     return (f"maxDistance {limit}: {_plural(spec.pairs, 'GPU')} need a NIC within {limit}; "
             f"{_plural(len(gpus), 'GPU')} free on {_numa_name(shape, bit)} but only {cap} free "
