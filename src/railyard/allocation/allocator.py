@@ -213,7 +213,8 @@ def _named(result: Infeasible, topology: NodeTopology) -> Infeasible:
     """A memoised reason with this node's own name in it."""
     if NODE not in result.reason:
         return result
-    return Infeasible(result.reason.replace(NODE, topology.node), result.unresolvable)
+    return Infeasible(result.reason.replace(NODE, topology.node), result.unresolvable,
+                      template=result.reason)
 
 
 def _odd_used(shape: NodeShape, ledger: Ledger) -> tuple:

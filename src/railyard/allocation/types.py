@@ -6,7 +6,7 @@ The Allocation is the one record every component honours; its JSON form lives in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from railyard.topology.model import Distance, Gpu, Nic, Vf
@@ -116,6 +116,9 @@ class Infeasible:
 
     reason: str
     unresolvable: bool = False
+    # The reason with `explain.NODE` where the node's name stands, when it names the node:
+    # one memoised answer serves every node of a group, each with its own name put in.
+    template: str | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:  # an Infeasible is never a success
         return False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import re
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from railyard.allocation.allocator import Allocator
+from railyard.allocation.explain import NODE
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
@@ -73,22 +73,22 @@ class _Group:
 @dataclass(frozen=True, slots=True)
 class _Verdict:
     """An Infeasible answered for a whole group. The allocator may name the node it was
-    asked about in the reason; each member gets the reason with its own name."""
+    asked about in the reason; each member gets the reason with its own name, put in where
+    the allocator's template (`Infeasible.template`) holds the node's place. Rewriting the
+    asked node's name as a word instead also rewrote any other word equal to it ("1")."""
 
     reason: str
     unresolvable: bool
-    asked: re.Pattern[str] | None  # the asked node's name as a whole word, when present
+    template: str | None  # the reason with `explain.NODE` for the node's name, when named
 
     @classmethod
-    def of(cls, result: Infeasible, asked_node: str) -> _Verdict:
-        word = re.compile(rf"(?<![\w.-]){re.escape(asked_node)}(?![\w.-])")
-        return cls(result.reason, result.unresolvable,
-                   word if word.search(result.reason) else None)
+    def of(cls, result: Infeasible) -> _Verdict:
+        return cls(result.reason, result.unresolvable, result.template)
 
     def reason_for(self, node: str) -> str:
-        if self.asked is None:
+        if self.template is None:
             return self.reason
-        return self.asked.sub(lambda _: node, self.reason)
+        return self.template.replace(NODE, node)
 
 
 class _UnknownNode:
@@ -261,7 +261,7 @@ class ClusterState:
         never = self._answer(empty, member, request, (False, key[1]))
         answer = 0 if key[0] else never or _Verdict(
             f"{request.gpus} GPUs requested but only {free_gpus} of {len(topology.gpus)} free",
-            unresolvable=False, asked=None)
+            unresolvable=False, template=None)
         return self._keep_answer(g, key, answer)
 
     def _ask(self, g: _Group, ledger: Ledger, topology: NodeTopology, request: Request,
@@ -271,7 +271,7 @@ class ClusterState:
                 self.allocator.node_score(topology, ledger, request))))
         else:
             result = self.allocator.allocate(topology, ledger, request)
-            answer = _Verdict.of(result, topology.node) if isinstance(
+            answer = _Verdict.of(result) if isinstance(
                 result, Infeasible) else None
         return self._keep_answer(g, key, answer)
 
