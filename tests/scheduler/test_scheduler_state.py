@@ -257,3 +257,14 @@ def test_binds_name_each_nodes_own_devices_and_equal_asking_the_allocator_direct
         if p.node == "other":
             assert all(x.nic.netdev.startswith("x") for x in p.allocation.pairs)
             assert all(x.gpu.uuid.startswith("GPU-other-") for x in p.allocation.pairs)
+
+
+def test_a_groups_reason_names_each_node_without_rewriting_other_words():
+    # Node "16" and a request for 16 GPUs: the name went into the reason by a word regex,
+    # which rewrote the count for the other member ("n2 GPUs requested but n2 has 8").
+    (t,) = cluster_from_spec("dgx-h100:1")
+    for order in (["16", "n2"], ["n2", "16"]):
+        s = ClusterState([renamed(t, "16"), renamed(t, "n2")])
+        out = s.filter(gpu_vf(16), order)
+        assert out.unresolvable == {"16": "16 GPUs requested but 16 has 8",
+                                    "n2": "16 GPUs requested but n2 has 8"}
