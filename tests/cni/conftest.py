@@ -56,3 +56,19 @@ def conf(service: RunningService) -> Callable[..., dict]:
         return base
 
     return make
+
+
+@pytest.fixture
+def exclusive(node: Node, tmp_path: Path) -> Iterator[tuple[RecordingRdma, str]]:
+    """A service whose kernel runs RDMA in exclusive mode (the recording double), and its
+    socket path."""
+    rdma = RecordingRdma("exclusive", node.host)
+    plugin = build_plugin(str(node.state_dir), sysfs_root=str(node.sysfs),
+                          host_netns=node.host_path, device_info_dir=str(node.devinfo),
+                          rdma=rdma, pod_resources_socket=None, store=node.store)
+    running = start(plugin, str(tmp_path / "x.sock"))
+    try:
+        yield rdma, running.socket_path
+    finally:
+        running.stop()
+

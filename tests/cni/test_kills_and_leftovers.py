@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,6 @@ from cni_helpers import (
 )
 
 from railyard.cni.netns import Netns
-from railyard.cni.service import build_plugin, start
 
 pytestmark = pytest.mark.root
 
@@ -56,25 +54,18 @@ def bring_home_by_hand(node: Node, pod: Pod, pod_name: str, original: str) -> No
 
 
 @pytest.fixture
-def exclusive(node: Node, tmp_path: Path) -> Iterator[tuple[RecordingRdma, dict]]:
-    """A service whose kernel runs RDMA in exclusive mode (the recording double)."""
-    rdma = RecordingRdma("exclusive", node.host)
-    plugin = build_plugin(str(node.state_dir), sysfs_root=str(node.sysfs),
-                          host_netns=node.host_path, device_info_dir=str(node.devinfo),
-                          rdma=rdma, pod_resources_socket=None, store=node.store)
-    running = start(plugin, str(tmp_path / "x.sock"))
-    try:
-        yield rdma, {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni",
-                     "agentSocket": running.socket_path}
-    finally:
-        running.stop()
+def exclusive_conf(exclusive) -> tuple[RecordingRdma, dict]:
+    """The exclusive-mode service and a network config pointing at it."""
+    rdma, sock = exclusive
+    return rdma, {"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni",
+                  "agentSocket": sock}
 
 
 # --------------------------------------------------------------------------- exclusive RDMA
 
 
 def test_a_del_killed_after_bringing_an_rdma_device_home_can_never_finish(
-        node: Node, shim, exclusive):
+        node: Node, shim, exclusive_conf):
     """DEL moves each device's RDMA device home right after its netdev, but writes
     `rdma_moved = False` to disk only when the whole DEL has ended (the save on problems, or
     the record's removal). A service killed in between — while the other devices move, while
@@ -83,7 +74,7 @@ def test_a_del_killed_after_bringing_an_rdma_device_home_can_never_finish(
     from the pod, the move fails ("not in this network namespace": RdmaNetlink answers the
     same as the double), and DEL answers 104 for ever: the runtime keeps the namespace until
     DEL succeeds, so the pod never finishes terminating and its other VF never comes home."""
-    rdma, c = exclusive
+    rdma, c = exclusive_conf
     nics = node.vfs(2)
     with Netns.open(node.host_path) as host:
         for n in nics:
@@ -104,12 +95,12 @@ def test_a_del_killed_after_bringing_an_rdma_device_home_can_never_finish(
 
 
 @pytest.mark.parametrize("moved", [True, False])
-def test_an_add_killed_around_its_rdma_move_is_undone_by_del(node: Node, shim, exclusive,
+def test_an_add_killed_around_its_rdma_move_is_undone_by_del(node: Node, shim, exclusive_conf,
                                                              moved):
     """ADD notes `rdma_moved` before it moves the RDMA device (it used to note it after: a kill
     between the two left the device in the pod under a record saying it never moved, and DEL
     forgot it there). Killed just before or just after the move, DEL brings it home."""
-    rdma, c = exclusive
+    rdma, c = exclusive_conf
     (nic,) = node.vfs(1)
     with Netns.open(node.host_path) as host:
         rdma.place(nic.rdma_device, host)

@@ -9,10 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, RecordingRdma, links, run_shim, sh, standalone_env
+from cni_helpers import Node, links, run_shim, sh, standalone_env
 
 from railyard.cni.netns import Netns
-from railyard.cni.service import build_plugin, start
 
 pytestmark = pytest.mark.root
 
@@ -119,18 +118,6 @@ def test_standalone_mode_adds_and_deletes_without_an_agent(node: Node, shim):
                     args=pod.args(), extra_env=env).code == 0
     assert node.snapshot() == before
 
-
-@pytest.fixture
-def exclusive(node: Node, tmp_path: Path):
-    rdma = RecordingRdma("exclusive", node.host)
-    plugin = build_plugin(str(node.state_dir), sysfs_root=str(node.sysfs),
-                          host_netns=node.host_path, device_info_dir=str(node.devinfo),
-                          rdma=rdma, pod_resources_socket=None, store=node.store)
-    running = start(plugin, str(tmp_path / "x.sock"))
-    try:
-        yield rdma, running.socket_path
-    finally:
-        running.stop()
 
 
 def test_exclusive_mode_moves_rdma_devices_before_netdevs_and_back_on_del(node: Node, shim,
