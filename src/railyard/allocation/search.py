@@ -1,4 +1,4 @@
-"""The exact search behind the allocator: minimise ARCHITECTURE.md's key by branch and bound.
+"""The exact search behind the allocator: minimise the key (docs/allocation.md) by branch and bound.
 
 The key, compared lexicographically (items 2–7; item 1, the hard limits, filters):
     (worst pair distance, sum of pair distances, NUMA nodes spanned,
@@ -26,11 +26,21 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from railyard.allocation.request import Request
-from railyard.allocation.shape import VF, WHOLE, FreeState, NodeShape
+from railyard.allocation.shape import FreeState, NodeShape, PfMode
 from railyard.topology.model import Distance
 
 INF = 1 << 20
 _MISSING = object()
+# The members bound once: looking one up on the enum class costs ~100 ns, and the pairing
+# search compares modes in its innermost loop.
+_UNUSED, _VF, _WHOLE = PfMode.UNUSED, PfMode.VF, PfMode.WHOLE
+# What `_Pairing._unplace` puts back: the PF's load and mode, then the prefix's counts.
+_Undo = tuple[int, PfMode, int, int, int, int, int, int, int, int]
+
+
+def ceil_div(a: int, b: int) -> int:
+    """⌈a / b⌉ for integers, b > 0."""
+    return -(-a // b)
 
 
 class _Found(Exception):
@@ -61,7 +71,7 @@ class Spec:
         elif n >= k:
             lo, hi, pairs = 0, 1, k
         elif r.pairing == "shared":
-            lo, hi, pairs = k // n, -(-k // n), k
+            lo, hi, pairs = k // n, ceil_div(k, n), k
         else:  # one-to-one asked for with fewer NICs than GPUs: the rest go unpaired
             lo = hi = 1
             pairs = n
@@ -75,7 +85,7 @@ class Choice:
     """The abstract winner: everything but which VF of a PF and which CPU of a NUMA node."""
 
     gpus: tuple[int, ...]  # GPU indices, ascending (pair order)
-    targets: tuple[tuple[int, int] | None, ...]  # per GPU: (PF index, VF|WHOLE) or unpaired
+    targets: tuple[tuple[int, PfMode] | None, ...]  # per GPU: (PF index, VF|WHOLE) or unpaired
     whole: tuple[int, ...]  # PFs taken whole, ascending
     vf_counts: tuple[int, ...]  # VFs taken per PF
     numa_mask: int  # NUMA bits spanned by devices and CPUs
@@ -118,7 +128,7 @@ def water_fill(total: int, caps: list[tuple[int, int]]) -> list[tuple[int, int]]
     rem = total
     order = sorted(caps, key=lambda bc: (bc[1], bc[0]))
     for idx, (b, cap) in enumerate(order):
-        give = min(cap, -(-rem // (len(order) - idx)))
+        give = min(cap, ceil_div(rem, len(order) - idx))
         out[b] = give
         rem -= give
     return sorted(out.items())
@@ -165,7 +175,12 @@ class Search:
         self.best_key: tuple[int, ...] | None = None
         self.best_tie: tuple | None = None
         self.best: tuple | None = None
-        self.nodes = 0  # search nodes visited, for benchmarks and curiosity
+        # States explored (pairing and VF-count prefixes): what a budget on the search
+        # would count. For benchmarks and curiosity today.
+        self.explored = 0
+        # The target of a GPU left unpaired: it sorts after every PF, so on ties the lower
+        # GPUs get paired first.
+        self.unpaired_target = (self.npf, _UNUSED)
         # Crowding can be no better than n NICs on n distinct PFs with loads as even as
         # the pairing allows: r NICs serve `hi` GPUs, the others `lo`.
         n, lo, hi = spec.vfs + spec.pfs, spec.lo, spec.hi
@@ -274,7 +289,7 @@ class Search:
                             [j for j in range(self.npf) if sh.pf_numa[j] == b])
                 for b in range(len(sh.numa_ids) + 1)):
             return None
-        self.offers: dict[int, list[tuple[int, int, int]]] = {}
+        self.offers: dict[int, list[tuple[int, int, PfMode]]] = {}  # (distance, PF, mode)
         self.best_of: dict[int, int] = {}
         for i in free_gpus:
             row = sh.dist[i]
@@ -284,9 +299,9 @@ class Search:
                 if d > sp.max_distance:
                     continue
                 if sp.vfs and fr.vfs[j] > 0:
-                    offers.append((d, j, VF))
+                    offers.append((d, j, _VF))
                 if sp.pfs and fr.whole_ok[j]:
-                    offers.append((d, j, WHOLE))
+                    offers.append((d, j, _WHOLE))
             offers.sort()
             self.offers[i] = offers
             self.best_of[i] = offers[0][0] if offers else INF
@@ -353,166 +368,17 @@ class Search:
 
     # ------------------------------------------------------------------ level 2: pairings
 
-    def _pair(self, gset: tuple[int, ...], mask: int, gpus_after: int) -> None:
-        sp, fr = self.spec, self.free
-        k, pairs, hi = len(gset), sp.pairs, sp.hi
-        unpaired_max = k - pairs
-        # Lower bounds for the GPUs still to pair: their nearest offers, cheapest first.
-        suffix = []
-        for d in range(k + 1):
-            b = sorted(self.best_of[i] for i in gset[d:])
-            sums = [0]
-            for x in b:
-                sums.append(sums[-1] + x)
-            suffix.append((b, sums))
-        npf = self.npf
-        loads = [0] * npf
-        mode = [0] * npf  # 0 unused, 1 gives VFs, 2 whole
-        targets: list[tuple[int, int]] = []
-        unpaired_t = (npf, 0)  # sorts after every PF: pair the lower GPUs first on ties
-        offers = self.offers
-        pf_numa = self.shape.pf_numa
-        rvf = fr.vfs
-
-        def ties_lose(d: int) -> bool:
-            bt = self.best_tie
-            return bt is not None and (gset, tuple(targets)) > (bt[0], bt[1][:d])
-
-        dist, maxd = self.shape.dist, sp.max_distance
-
-        # Per GPU: the PFs at its nearest class, and its next class (for the bound below).
-        nearest_pfs = {i: {j for dd, j, _ in offers[i] if dd == self.best_of[i]} for i in gset}
-        next_class = {i: next((dd for dd, _, _ in offers[i] if dd > self.best_of[i]), INF)
-                      for i in gset}
-
-        def shared_bound(d: int, inst: int, wholes: int) -> tuple[int, int] | None:
-            """Shared pairing has few NICs. A GPU left either joins a NIC already chosen
-            (where it still has room: cost `near`) or uses one of the `left` NIC instances,
-            each serving at most `hi` GPUs; and those instances sit on at most `left` new
-            PFs, so only the GPUs those PFs are nearest to get their nearest class, the
-            others pay at least their next one. Bounds (worst, sum) of the GPUs left; None
-            when they cannot fit."""
-            spare = [j for j in range(npf)
-                     if (mode[j] == 1 and loads[j] % hi) or (mode[j] == 2 and loads[j] < hi)]
-            left = (sp.vfs - inst) + (sp.pfs - wholes)
-            slots = left * hi
-            rest = gset[d:]
-            near = []
-            for i in rest:
-                row = dist[i]
-                near.append(min((row[j] for j in spare if row[j] <= maxd), default=INF))
-            best = [self.best_of[i] for i in rest]
-            # (1) at most `slots` GPUs use new instances.
-            worst1 = max(best)
-            if len(rest) > slots:
-                by_near = sorted(near, reverse=True)
-                if by_near[slots] >= INF:
-                    return None
-                worst1 = max(worst1, by_near[slots])
-            savings = sorted((a - b for a, b in zip(near, best, strict=True)), reverse=True)
-            sum1 = sum(near) - sum(savings[:slots])
-            # (2) at most `covered` GPUs get their nearest class from a new PF.
-            cover: dict[int, int] = {}
-            for i in rest:
-                for j in nearest_pfs[i]:
-                    cover[j] = cover.get(j, 0) + 1
-            covered = min(len(rest), sum(sorted(cover.values(), reverse=True)[:left]))
-            other = [min(a, next_class[i]) for a, i in zip(near, rest, strict=True)]
-            worst2 = sorted(other, reverse=True)[covered] if len(rest) > covered else 0
-            gains = sorted((o - b for o, b in zip(other, best, strict=True)), reverse=True)
-            sum2 = sum(other) - sum(gains[:covered])
-            return max(worst1, worst2), max(sum1, sum2)
-
-        visited: dict[tuple, list[tuple[int, int, tuple]]] = {}
-        crowd_min = self.crowd_min
-
-        def dfs(d: int, paired: int, worst: int, total: int, mask: int, inst: int,
-                wholes: int, unpaired: int, maxload: int, sumsq: int, closed: int) -> None:
-            self.nodes += 1
-            need = pairs - paired
-            if need:
-                b, sums = suffix[d]
-                if need > len(b) or b[need - 1] >= INF:
-                    return
-                lw, ls = max(worst, b[need - 1]), total + sums[need]
-                if hi > 1 and d:
-                    bound = shared_bound(d, inst, wholes)
-                    if bound is None:
-                        return
-                    lw, ls = max(lw, bound[0]), max(ls, total + bound[1])
-            else:
-                lw, ls = worst, total
-            if self._loses(lw, ls, lambda: (self.span(mask) or (None,))[0],
-                           (max(maxload, 1 if need else 0, crowd_min[0]),
-                            max(sumsq + need, crowd_min[1])),
-                           lambda: self.aligned(gpus_after, self.open0 & ~closed),
-                           lambda: ties_lose(d)):
-                return
-            # Prefixes that reach the same loads on the same PFs have the same futures: one
-            # that is no better in worst and summed distance cannot win, unless the sums tie
-            # and it is lower in address order. A lower worst so far is no reason to drop a
-            # lower prefix: a GPU paired later can raise both worsts to the same value.
-            # This collapses GPU orders that shared pairing multiplies.
-            state = (d, tuple(loads), tuple(mode))
-            prefix = tuple(targets)
-            seen = visited.get(state)
-            if seen is None:
-                visited[state] = [(worst, total, prefix)]
-            else:
-                for w, t, p in seen:
-                    if w <= worst and t <= total and (t < total or p < prefix):
-                        return
-                seen.append((worst, total, prefix))
-            if d == k:
-                self._instances(gset, tuple(targets), loads, mode, worst, total, mask,
-                                maxload, sumsq, gpus_after)
-                return
-            i = gset[d]
-            if paired < pairs:
-                # Nearest first and, among equals, the least loaded PF first: the first
-                # leaf is then usually uncrowded, which prunes the rest sooner.
-                mine = offers[i] if not paired else sorted(
-                    offers[i], key=lambda o: (o[0], loads[o[1]], o[1], o[2]))
-                for dist, j, kind in mine:
-                    load = loads[j]
-                    m = mode[j]
-                    if kind == VF:
-                        if m == 2:
-                            continue
-                        tmin_old = -(-load // hi)
-                        tmin_new = -(-(load + 1) // hi)
-                        if tmin_new > rvf[j] or inst - tmin_old + tmin_new > sp.vfs:
-                            continue
-                        new_inst, new_wholes = inst - tmin_old + tmin_new, wholes
-                        new_closed = closed | (1 << j) if tmin_new >= rvf[j] else closed
-                        mode[j] = 1
-                    else:
-                        if m == 1 or load + 1 > hi or (m == 0 and wholes + 1 > sp.pfs):
-                            continue
-                        new_inst, new_wholes = inst, wholes + (m == 0)
-                        new_closed = closed | (1 << j)
-                        mode[j] = 2
-                    loads[j] = load + 1
-                    targets.append((j, kind))
-                    dfs(d + 1, paired + 1, max(worst, dist), total + dist,
-                        mask | (1 << pf_numa[j]), new_inst, new_wholes, unpaired,
-                        max(maxload, load + 1), sumsq + 2 * load + 1, new_closed)
-                    targets.pop()
-                    loads[j] = load
-                    mode[j] = m
-            if unpaired < unpaired_max:
-                targets.append(unpaired_t)
-                dfs(d + 1, paired, worst, total, mask, inst, wholes, unpaired + 1, maxload,
-                    sumsq, closed)
-                targets.pop()
-
-        dfs(0, 0, 0, 0, mask, 0, 0, 0, 0, 0, 0)
+    def _pair(self, gset: tuple[int, ...], numa: int, gpus_after: int) -> None:
+        """Every pairing of `gset`'s GPUs with PFs that can still beat the incumbent."""
+        _Pairing(self, gset, numa, gpus_after).extend(0)
 
     # ------------------------------------------------------------------ level 3: instances
 
-    def _instances(self, gset: tuple[int, ...], targets: tuple[tuple[int, int], ...],
-                   loads: list[int], mode: list[int], worst: int, total: int, mask: int,
-                   maxload: int, sumsq: int, gpus_after: int) -> None:
+    def _instances(self, p: _Pairing) -> None:
+        """The NIC instances a complete pairing `p` leaves open: extra whole PFs, then the
+        VF counts per PF (`_fill`)."""
+        gset, targets, loads, mode = p.gset, tuple(p.targets), p.loads, p.mode
+        worst, total, mask, gpus_after = p.worst, p.total, p.numa, p.gpus_after
         sp, fr = self.spec, self.free
         lo, hi, npf = sp.lo, sp.hi, self.npf
         rvf = fr.vfs
@@ -521,13 +387,13 @@ class Search:
         paired_whole = 0
         paired_whole_mask = 0
         for j in range(npf):
-            if mode[j] == 2:
+            if mode[j] == _WHOLE:
                 if loads[j] < lo:
                     return
                 paired_whole += 1
                 paired_whole_mask |= 1 << j
-            elif mode[j] == 1:
-                tmin[j] = -(-loads[j] // hi)
+            elif mode[j] == _VF:
+                tmin[j] = ceil_div(loads[j], hi)
                 tmax[j] = min(rvf[j], loads[j] // lo) if lo else rvf[j]
                 if tmin[j] > tmax[j]:
                     return
@@ -536,10 +402,10 @@ class Search:
         extra_whole = sp.pfs - paired_whole
         if extra_whole < 0 or (extra_whole and lo):
             return
-        whole_cands = [j for j in range(npf) if mode[j] == 0 and fr.whole_ok[j]]
+        whole_cands = [j for j in range(npf) if mode[j] == _UNUSED and fr.whole_ok[j]]
         if len(whole_cands) < extra_whole:
             return
-        crowd = (maxload, sumsq)
+        crowd = (p.maxload, p.sumsq)
         fixed = (gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask)
         # `_fill`'s own first test, done here without its setup: most choices of whole PFs
         # lose at once, and there are C(candidates, extra_whole) of them per pairing.
@@ -601,7 +467,7 @@ class Search:
             return bt is not None and (bt[0], bt[1], bt[2]) <= ctx
 
         def dfs(idx: int, rem: int, cmask: int, closed: int) -> None:
-            self.nodes += 1
+            self.explored += 1
             if idx == n:
                 s = self.span(cmask)
                 if s is None:
@@ -646,11 +512,11 @@ class Search:
         cpus = water_fill(sp.cpus, [(b, fr.cpus[b]) for b in cpu_bits]) if sp.cpus else []
         memory = (water_fill(sp.memory, [(b, fr.memory[b]) for b in cpu_bits])
                   if sp.memory else [])
-        unpaired = (self.npf, 0)
+        unpaired = self.unpaired_target
         return Choice(
             gpus=gset,
             targets=tuple(None if t == unpaired else t for t in targets),
-            whole=tuple(sorted({j for t in targets if t != unpaired and t[1] == WHOLE
+            whole=tuple(sorted({j for t in targets if t != unpaired and t[1] == _WHOLE
                                 for j in (t[0],)} | set(wset))),
             vf_counts=counts,
             numa_mask=(dev_mask | cpu_mask) & ((1 << nreal) - 1),
@@ -658,6 +524,211 @@ class Search:
             memory=tuple(m for m in memory if m[1]),
             key=self.best_key,
         )
+
+
+class _Pairing:
+    """Level 2 for one GPU set: its GPU→PF pairings, depth first, GPU by GPU in `gset`
+    order, nearest PF first. Holds the prefix built so far (the first `d` GPUs placed),
+    changed in place going down (`_place`) and put back coming up (`_unplace`), and the
+    tables that prune it. Each complete pairing goes on to level 3 (`Search._instances`).
+    """
+
+    __slots__ = ("closed", "gpus_after", "gset", "inst", "loads", "maxload", "mode",
+                 "nearest_pfs", "next_class", "numa", "paired", "search", "suffix", "sumsq",
+                 "targets", "total", "unpaired", "unpaired_max", "visited", "wholes", "worst")
+
+    def __init__(self, search: Search, gset: tuple[int, ...], numa: int,
+                 gpus_after: int) -> None:
+        self.search = search
+        self.gset = gset
+        self.gpus_after = gpus_after  # the free GPUs once `gset` is taken
+        self.unpaired_max = len(gset) - search.spec.pairs
+        best_of, offers = search.best_of, search.offers
+        # Lower bounds for the GPUs still to pair: their nearest offers, cheapest first.
+        self.suffix: list[tuple[list[int], list[int]]] = []
+        for d in range(len(gset) + 1):
+            b = sorted(best_of[i] for i in gset[d:])
+            sums = [0]
+            for x in b:
+                sums.append(sums[-1] + x)
+            self.suffix.append((b, sums))
+        # Per GPU: the PFs at its nearest class, and its next class (for `_shared_bound`).
+        self.nearest_pfs = {i: {j for dd, j, _ in offers[i] if dd == best_of[i]} for i in gset}
+        self.next_class = {i: next((dd for dd, _, _ in offers[i] if dd > best_of[i]), INF)
+                           for i in gset}
+        # Prefixes met so far, by what decides their futures (`_dominated`).
+        self.visited: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        # The prefix.
+        npf = search.npf
+        self.loads = [0] * npf  # pairs on each PF
+        self.mode = [_UNUSED] * npf  # how each PF serves the pod
+        self.targets: list[tuple[int, PfMode]] = []  # per GPU placed: (PF, mode) or unpaired
+        self.paired = 0  # GPUs placed with a NIC
+        self.unpaired = 0  # GPUs placed without one
+        self.worst = 0  # worst pair distance
+        self.total = 0  # sum of pair distances
+        self.numa = numa  # NUMA bits of the GPUs and of the PFs chosen
+        self.inst = 0  # VFs the PFs giving VFs need at least (each serves ≤ `hi` GPUs)
+        self.wholes = 0  # PFs taken whole
+        self.maxload = 0  # crowding: the most pairs on one PF
+        self.sumsq = 0  # crowding: the sum over PFs of pairs²
+        self.closed = 0  # PFs left with no free VF (for the aligned capacity kept)
+
+    def extend(self, d: int) -> None:
+        """Search every completion of the prefix of `d` GPUs that can still win."""
+        s = self.search
+        s.explored += 1
+        if self._loses(d) or self._dominated(d):
+            return
+        if d == len(self.gset):
+            s._instances(self)
+            return
+        if self.paired < s.spec.pairs:
+            offers = s.offers[self.gset[d]]
+            if self.paired:
+                # Nearest first and, among equals, the least loaded PF first: the first
+                # leaf is then usually uncrowded, which prunes the rest sooner.
+                loads = self.loads
+                offers = sorted(offers, key=lambda o: (o[0], loads[o[1]], o[1], o[2]))
+            for dist, j, kind in offers:
+                undo = self._place(j, kind, dist)
+                if undo is not None:
+                    self.extend(d + 1)
+                    self._unplace(j, undo)
+        if self.unpaired < self.unpaired_max:
+            self.targets.append(s.unpaired_target)
+            self.unpaired += 1
+            self.extend(d + 1)
+            self.unpaired -= 1
+            self.targets.pop()
+
+    def _place(self, j: int, kind: PfMode, dist: int) -> _Undo | None:
+        """Pair the next GPU with PF `j` (one of its VFs, or the PF whole) at `dist`.
+        Returns what `_unplace` puts back, or None when the request's counts forbid it."""
+        sp = self.search.spec
+        load, m = self.loads[j], self.mode[j]
+        inst, wholes, closed = self.inst, self.wholes, self.closed
+        if kind == _VF:
+            if m == _WHOLE:
+                return None
+            # Each VF serves at most `hi` GPUs: the PF needs ⌈load / hi⌉ of its VFs.
+            free_vfs = self.search.free.vfs[j]
+            tmin_old, tmin_new = ceil_div(load, sp.hi), ceil_div(load + 1, sp.hi)
+            if tmin_new > free_vfs or inst - tmin_old + tmin_new > sp.vfs:
+                return None
+            self.inst = inst - tmin_old + tmin_new
+            if tmin_new >= free_vfs:
+                self.closed = closed | (1 << j)
+        else:
+            if m == _VF or load + 1 > sp.hi or (m == _UNUSED and wholes + 1 > sp.pfs):
+                return None
+            self.wholes = wholes + (m == _UNUSED)
+            self.closed = closed | (1 << j)
+        undo: _Undo = (load, m, inst, wholes, closed, self.worst, self.total, self.numa,
+                self.maxload, self.sumsq)
+        self.loads[j] = load + 1
+        self.mode[j] = kind
+        self.targets.append((j, kind))
+        self.paired += 1
+        self.worst = max(self.worst, dist)
+        self.total += dist
+        self.numa |= 1 << self.search.shape.pf_numa[j]
+        self.maxload = max(self.maxload, load + 1)
+        self.sumsq += 2 * load + 1
+        return undo
+
+    def _unplace(self, j: int, undo: _Undo) -> None:
+        (self.loads[j], self.mode[j], self.inst, self.wholes, self.closed, self.worst,
+         self.total, self.numa, self.maxload, self.sumsq) = undo
+        self.targets.pop()
+        self.paired -= 1
+
+    def _loses(self, d: int) -> bool:
+        """Whether no completion of the prefix can beat the incumbent (`Search._loses`)."""
+        s, sp = self.search, self.search.spec
+        worst, total = self.worst, self.total
+        need = sp.pairs - self.paired
+        if need:
+            b, sums = self.suffix[d]
+            if need > len(b) or b[need - 1] >= INF:
+                return True
+            lw, ls = max(worst, b[need - 1]), total + sums[need]
+            if sp.hi > 1 and d:
+                bound = self._shared_bound(d)
+                if bound is None:
+                    return True
+                lw, ls = max(lw, bound[0]), max(ls, total + bound[1])
+        else:
+            lw, ls = worst, total
+        crowd_min = s.crowd_min
+        return s._loses(lw, ls, lambda: (s.span(self.numa) or (None,))[0],
+                        (max(self.maxload, 1 if need else 0, crowd_min[0]),
+                         max(self.sumsq + need, crowd_min[1])),
+                        lambda: s.aligned(self.gpus_after, s.open0 & ~self.closed),
+                        lambda: self._ties_lose(d))
+
+    def _ties_lose(self, d: int) -> bool:
+        bt = self.search.best_tie
+        return bt is not None and (self.gset, tuple(self.targets)) > (bt[0], bt[1][:d])
+
+    def _dominated(self, d: int) -> bool:
+        """Prefixes that reach the same loads on the same PFs have the same futures: one
+        that is no better in worst and summed distance cannot win, unless the sums tie and
+        it is lower in address order. A lower worst so far is no reason to drop a lower
+        prefix: a GPU paired later can raise both worsts to the same value. This collapses
+        GPU orders that shared pairing multiplies."""
+        state = (d, tuple(self.loads), tuple(self.mode))
+        worst, total, prefix = self.worst, self.total, tuple(self.targets)
+        seen = self.visited.get(state)
+        if seen is None:
+            self.visited[state] = [(worst, total, prefix)]
+            return False
+        for w, t, p in seen:
+            if w <= worst and t <= total and (t < total or p < prefix):
+                return True
+        seen.append((worst, total, prefix))
+        return False
+
+    def _shared_bound(self, d: int) -> tuple[int, int] | None:
+        """Shared pairing has few NICs. A GPU left either joins a NIC already chosen
+        (where it still has room: cost `near`) or uses one of the `left` NIC instances,
+        each serving at most `hi` GPUs; and those instances sit on at most `left` new
+        PFs, so only the GPUs those PFs are nearest to get their nearest class, the
+        others pay at least their next one. Bounds (worst, sum) of the GPUs left; None
+        when they cannot fit."""
+        s, sp = self.search, self.search.spec
+        hi, maxd, dist = sp.hi, sp.max_distance, s.shape.dist
+        loads, mode = self.loads, self.mode
+        spare = [j for j in range(s.npf)
+                 if (mode[j] == _VF and loads[j] % hi) or (mode[j] == _WHOLE and loads[j] < hi)]
+        left = (sp.vfs - self.inst) + (sp.pfs - self.wholes)
+        slots = left * hi
+        rest = self.gset[d:]
+        near = []
+        for i in rest:
+            row = dist[i]
+            near.append(min((row[j] for j in spare if row[j] <= maxd), default=INF))
+        best = [s.best_of[i] for i in rest]
+        # (1) at most `slots` GPUs use new instances.
+        worst1 = max(best)
+        if len(rest) > slots:
+            by_near = sorted(near, reverse=True)
+            if by_near[slots] >= INF:
+                return None
+            worst1 = max(worst1, by_near[slots])
+        savings = sorted((a - b for a, b in zip(near, best, strict=True)), reverse=True)
+        sum1 = sum(near) - sum(savings[:slots])
+        # (2) at most `covered` GPUs get their nearest class from a new PF.
+        cover: dict[int, int] = {}
+        for i in rest:
+            for j in self.nearest_pfs[i]:
+                cover[j] = cover.get(j, 0) + 1
+        covered = min(len(rest), sum(sorted(cover.values(), reverse=True)[:left]))
+        other = [min(a, self.next_class[i]) for a, i in zip(near, rest, strict=True)]
+        worst2 = sorted(other, reverse=True)[covered] if len(rest) > covered else 0
+        gains = sorted((o - b for o, b in zip(other, best, strict=True)), reverse=True)
+        sum2 = sum(other) - sum(gains[:covered])
+        return max(worst1, worst2), max(sum1, sum2)
 
 
 def search(shape: NodeShape, free: FreeState, request: Request) -> Choice | None:

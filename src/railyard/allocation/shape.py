@@ -9,20 +9,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from enum import IntEnum
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.types import GpuRef, NicRef, Pair
 from railyard.topology.model import GDR_LIMIT, Distance, Gpu, Nic, NodeTopology, Vf
 
-VF, WHOLE = 0, 1  # how a PF serves a pod: some of its VFs, or itself whole
+
+class PfMode(IntEnum):
+    """How a PF serves a pod: not (yet) at all, with some of its VFs, or itself whole.
+
+    The values order the key's address tie-break: at one PF, a VF target sorts before the
+    whole PF.
+    """
+
+    UNUSED = 0
+    VF = 1
+    WHOLE = 2
 
 
 def vf_allocatable(vf: Vf) -> bool:
     """An RDMA VF the host can hand out: an RDMA VF (`Vf.is_rdma`) still in the host view.
 
     An RDMA VF with neither a netdev nor an RDMA device has moved into some pod's namespace;
-    it is held, whether or not the ledger knows by whom (ARCHITECTURE.md, "Allocatable
-    devices"), until discovery sees it back on the host.
+    it is held, whether or not the ledger knows by whom (docs/allocation.md, "What
+    is offered"), until discovery sees it back on the host.
     """
     return vf.is_rdma and (vf.netdev is not None or vf.rdma_device is not None)
 
