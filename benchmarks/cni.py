@@ -28,11 +28,11 @@ import time
 import uuid
 from pathlib import Path
 
-from railyard.agent.state import PodKey, StateStore
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.cni.install import install_shim
 from railyard.cni.netns import Netns
 from railyard.discovery.profiles import build_topology, profile
+from railyard.node.state import PodKey, StateStore
 from railyard.topology.model import Distance
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import grpc
 
-from railyard.agent.state import StateStore
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.names import DEFAULT_RESOURCES as NAMES
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
@@ -38,6 +37,7 @@ from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import build_topology, profile
 from railyard.kubelet.api import deviceplugin_pb2 as pb
 from railyard.kubelet.api import deviceplugin_pb2_grpc as pb_grpc
+from railyard.node.state import StateStore
 from railyard.records.allocation import encode_allocation
 
 NODE = "bench-node"

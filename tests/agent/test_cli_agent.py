@@ -11,8 +11,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fake_kubelet import FakeKubelet
-from kubelet_harness import GPU, PF, VF, async_test, make_tree, write_pods
+from support.agent import GPU, PF, VF, async_test, make_tree, write_pods
+from support.fake_kubelet import FakeKubelet
 
 CMD = [sys.executable, "-m", "railyard.cli.main", "agent"]
 

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from railyard.agent.config import DEFAULT_CNI_DEVINFO_DIR, ConfigError, config_from_dict
+from railyard.agent.config import ConfigError, config_from_dict
+from railyard.node.paths import CNI_DEVINFO_DIR
 
 
 def test_cni_devinfo_dir_defaults_to_multus_cni_folder_and_can_be_moved():
-    assert config_from_dict({}).cni_devinfo_dir == DEFAULT_CNI_DEVINFO_DIR
-    assert DEFAULT_CNI_DEVINFO_DIR.endswith("/devinfo/cni")
+    assert config_from_dict({}).cni_devinfo_dir == CNI_DEVINFO_DIR
+    assert CNI_DEVINFO_DIR.endswith("/devinfo/cni")
     assert config_from_dict({"cniDevinfoDir": "/tmp/x"}).cni_devinfo_dir == "/tmp/x"
 
 

@@ -6,7 +6,7 @@ import os
 import tempfile
 from dataclasses import replace
 
-from kubelet_harness import async_test, rig
+from support.agent import async_test, rig
 
 
 @async_test

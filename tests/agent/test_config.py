@@ -8,13 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from railyard.agent.config import (
-    ConfigError,
-    DeviceFacts,
-    config_from_dict,
-    load_config,
-    offered,
-)
+from railyard.agent.config import ConfigError, config_from_dict, load_config
+from railyard.kubelet.selectors import DeviceFacts, offered
 
 VF = DeviceFacts("0000:18:00.3", "15b3", "101e", "mlx5_core", "ibp24s0", 2, "InfiniBand")
 

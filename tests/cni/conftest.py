@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import IS_ROOT, NOT_ROOT_REASON, Node, RecordingRdma, installed_shim
 
 from railyard.cni.service import RunningService, build_plugin, start
+from support.cni import IS_ROOT, NOT_ROOT_REASON, Node, RecordingRdma, installed_shim
 
 
 @pytest.fixture

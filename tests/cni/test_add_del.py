@@ -10,7 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, addresses, links, run_shim, sh
+
+from support.cni import Node, addresses, links, run_shim, sh
 
 pytestmark = pytest.mark.root
 
@@ -87,7 +88,7 @@ def test_add_del_add_leaves_the_host_exactly_as_it_was(node: Node, shim, conf, t
 
 def test_two_pods_ping_each_other_over_the_two_ends_of_one_veth(node: Node, shim, conf):
     a, b = node.veth()
-    from cni_helpers import vf_ref
+    from support.cni import vf_ref
 
     nic_a, nic_b = vf_ref(0, 0), vf_ref(1, 0)
     node.point(nic_a, a)

@@ -10,11 +10,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import NODE, TOPOLOGY, Node, Pod, links, run_shim, standalone_env, vf_ref
 
-from railyard.agent.state import PodKey, StateStore
 from railyard.allocation.types import Allocation
 from railyard.cni.service import build_plugin, start
+from railyard.node.state import PodKey, StateStore
+from support.cni import NODE, TOPOLOGY, Node, Pod, links, run_shim, standalone_env, vf_ref
 
 pytestmark = pytest.mark.root
 

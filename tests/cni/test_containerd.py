@@ -10,8 +10,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cni_helpers import Node, Pod, addresses, links, sh, standalone_env
 from containerd_helpers import Cri, containerd_missing, private_containerd
+
+from support.cni import Node, Pod, addresses, links, sh, standalone_env
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

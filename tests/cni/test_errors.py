@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import RecordingRdma, run_shim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from railyard.cni.plugin import Plugin, Settings
 from railyard.cni.service import RunningService, build_plugin, start
 from railyard.cni.spec import CniError
+from support.cni import RecordingRdma, run_shim
 
 
 @pytest.fixture(scope="module")
@@ -148,8 +148,8 @@ def test_del_with_nothing_recorded_succeeds_without_netns_or_path(shim, good):
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plugin]:
     root = tmp_path_factory.mktemp("prop")
-    from railyard.agent.state import StateStore
     from railyard.cni.grants import StoreGrants
+    from railyard.node.state import StateStore
 
     p = Plugin(str(root / "state"), StoreGrants(StateStore(root / "state"), "node-a"),
                RecordingRdma("shared"), settings=Settings(sysfs_root=str(root / "sysfs")))

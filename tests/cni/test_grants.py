@@ -5,14 +5,14 @@ from __future__ import annotations
 import socket
 
 import pytest
-from cni_helpers import NODE, vf_ref
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from railyard.agent.state import PodKey, StateStore
 from railyard.allocation.types import Allocation
 from railyard.cni.grants import StoreGrants
 from railyard.cni.spec import CniError, PodArgs
+from railyard.node.state import PodKey, StateStore
+from support.cni import NODE, vf_ref
 
 
 def put(store: StateStore, uid: str, name: str = "trainer-0", node: str = NODE, vf: int = 0):

@@ -17,14 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, RecordingRdma, addresses, links, run_shim
 
-from railyard.agent.state import StateStore
 from railyard.cni.grants import StoreGrants
 from railyard.cni.plugin import Plugin, Settings
 from railyard.cni.service import RunningService, build_plugin, start
 from railyard.cni.shim import call_service
 from railyard.cni.spec import CniError, parse_ipam_result
+from railyard.node.state import StateStore
+from support.cni import Node, RecordingRdma, addresses, links, run_shim
 
 # ----------------------------------------------------------------------- helpers
 

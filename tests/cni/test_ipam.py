@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, links, run_shim
+
+from support.cni import Node, links, run_shim
 
 pytestmark = pytest.mark.root
 

@@ -2,7 +2,7 @@
 RDMA mode, what a pod with CAP_NET_ADMIN can leave on its VF or in its namespace before DEL,
 and records of older versions.
 
-Everything runs in throwaway namespaces from cni_helpers (names `ry` + random hex). Crash states
+Everything runs in throwaway namespaces from support.cni (names `ry` + random hex). Crash states
 are built by hand with `ip` (as test_transit.py does) or, for the sweep, by running one call in
 a process of its own that exits (as kill -9 would) just before its k-th step.
 """
@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cni_helpers import (
+
+from railyard.cni.netns import Netns
+from support.cni import (
     IS_ROOT,
     NODE,
     NOT_ROOT_REASON,
@@ -30,8 +32,6 @@ from cni_helpers import (
     sh,
     unique,
 )
-
-from railyard.cni.netns import Netns
 
 pytestmark = pytest.mark.root
 
@@ -130,7 +130,8 @@ def test_an_add_killed_around_its_rdma_move_is_undone_by_del(node: Node, shim, e
 # exclusive mode over a double whose state is a file, so it outlives the killed process.
 _DRIVER = r'''
 import json, os, sys
-from railyard.cni import cache, netns
+from railyard.cni import netns
+from railyard.node import attachments
 from railyard.cni.rdma import RdmaError
 from railyard.cni.service import build_plugin
 
@@ -146,8 +147,8 @@ def step(what):
 _request = netns.Links._request
 netns.Links._request = lambda self, msg, kind, flags=0, raw_attrs=b"": (
     step(f"netlink {kind}"), _request(self, msg, kind, flags, raw_attrs))[1]
-_write = cache._write_atomic
-cache._write_atomic = lambda path, body: (step(f"write {path.name}"), _write(path, body))[1]
+_write = attachments._write_atomic
+attachments._write_atomic = lambda path, body: (step(f"write {path.name}"), _write(path, body))[1]
 
 class FileRdma:
     def __init__(self, path):

@@ -2,7 +2,7 @@
 rename its VF away and put an impostor in its place, add altnames — and what DEL must still
 do: bring exactly the granted device home, never a link of the pod's own.
 
-Everything runs in throwaway namespaces from cni_helpers (names `ry` + random hex).
+Everything runs in throwaway namespaces from support.cni (names `ry` + random hex).
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from cni_helpers import (
+
+from railyard.cni import plugin as plugin_module
+from railyard.cni.restore import fallback_name
+from support.cni import (
     Node,
     add,
     delete,
@@ -24,9 +27,6 @@ from cni_helpers import (
     transit_names,
     unique,
 )
-
-from railyard.cni import plugin as plugin_module
-from railyard.cni.restore import fallback_name
 
 pytestmark = pytest.mark.root
 

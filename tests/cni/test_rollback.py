@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, links, run_shim, sh, standalone_env
 
 from railyard.cni.netns import Netns
+from support.cni import Node, links, run_shim, sh, standalone_env
 
 pytestmark = pytest.mark.root
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from cni_helpers import Node, links, run_shim
 
-from railyard.cni.cache import InUse
 from railyard.cni.grants import KubeletPodResources
 from railyard.kubelet.api import podresources_pb2 as pb
 from railyard.kubelet.api import podresources_pb2_grpc as pb_grpc
+from railyard.node.attachments import InUse
+from support.cni import Node, links, run_shim
 
 
 class _FakeKubelet(pb_grpc.PodResourcesListerServicer):

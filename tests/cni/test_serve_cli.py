@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 import pytest
-from cni_helpers import RecordingRdma
 from typer.testing import CliRunner
 
 import railyard.cli.main  # noqa: F401  (registers every command)
 from railyard.cli.app import app
 from railyard.cni.service import CniServer, build_plugin
+from support.cni import RecordingRdma
 
 
 def serve(*args: str):

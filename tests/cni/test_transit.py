@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from cni_helpers import Node, Pod, add, delete, links, record_path, sh, transit_names
 
 from railyard.cni import plugin as plugin_module
 from railyard.cni.restore import fallback_name
+from support.cni import Node, Pod, add, delete, links, record_path, sh, transit_names
 
 pytestmark = pytest.mark.root
 

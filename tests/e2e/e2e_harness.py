@@ -32,16 +32,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cni_helpers import Pod, installed_shim, netns_add, netns_del, run_shim
-from fake_kubelet import FakeKubelet, FakePodResources
-from kubelet_harness import write_pods
-
 from railyard.allocation.types import Allocation
 from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import build_topology, profile
 from railyard.records.allocation import allocation_from_json
 from railyard.scheduler.state_file import read_state
 from railyard.topology.model import NodeTopology
+from support.agent import write_pods
+from support.cni import Pod, installed_shim, netns_add, netns_del, run_shim
+from support.fake_kubelet import FakeKubelet, FakePodResources
 
 NODE = "gpu-e2e-0"
 GPU, VF, PF = "nvidia.com/gpu", "railyard.dev/vf", "railyard.dev/pf"

@@ -16,15 +16,15 @@ import time
 import uuid
 
 import pytest
-from cni_helpers import Pod, addresses, links
 from e2e_harness import CNI_PATH, GPU, NODE, VF, Cluster, cluster
-from kubelet_harness import async_test
-from scheduler_helpers import pod as scheduler_pod
 
-from railyard.agent.state import StateStore
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
+from railyard.node.state import StateStore
 from railyard.records.allocation import decode_allocation, encode_allocation
+from support.agent import async_test
+from support.cni import Pod, addresses, links
+from support.pods import asking as scheduler_pod
 
 pytestmark = [
     pytest.mark.root,

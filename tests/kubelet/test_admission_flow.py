@@ -11,11 +11,12 @@ import time
 from dataclasses import replace
 
 import pytest
-from kubelet_harness import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
 
 from railyard.agent.config import AgentConfig
 from railyard.allocation.types import GpuRef, NicRef, Pair
 from railyard.kubelet.resolver import ids_of
+from railyard.node.attachments import AttachmentRecord, AttachmentStore
+from support.agent import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
 
 TOPO = topology()
 G0, G1 = (g.device_id for g in TOPO.gpus)
@@ -427,7 +428,10 @@ async def test_records_of_gone_pods_are_forgotten_unless_the_cni_holds_them(tmp_
         await vf.allocate([VFS1[0]])
         devinfo = tmp_path / "devinfo" / f"railyard.dev-vf-{VFS0[0]}-device.json"
         assert devinfo.exists()
-        r.agent.store.put_section("uid-b", "cni", {"moved": []})
+        # The CNI has not yet had its DEL for b: an attachment record still names the pod.
+        AttachmentStore(r.agent.options.state_dir).save(AttachmentRecord(
+            network="rdma", container_id="c-b", ifname="net1", netns="/proc/1/ns/net",
+            netns_id=None, pod_uid="uid-b", pod_namespace="team", pod_name="uid-b"))
         write_pods(r.pods_file, [])
         assert set(r.agent.gc()) == {"uid-a"}
         assert not devinfo.exists()

@@ -9,10 +9,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from fake_kubelet import watcher_info
-from kubelet_harness import GPU, PF, VF, allocation, async_test, pod, rig, topology
-
 from railyard.agent.config import AgentConfig, config_from_dict
+from support.agent import GPU, PF, VF, allocation, async_test, pod, rig, topology
+from support.fake_kubelet import watcher_info
 
 TOPO = topology()
 G0, G1 = (g.device_id for g in TOPO.gpus)

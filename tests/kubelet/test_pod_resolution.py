@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 
-from kubelet_harness import GPU, VF, allocation, async_test, pod, rig, topology
-
 from railyard.agent.config import AgentConfig
 from railyard.kubelet.resolver import ids_of
+from support.agent import GPU, VF, allocation, async_test, pod, rig, topology
 
 TOPO = topology()
 G0, G1 = (g.device_id for g in TOPO.gpus)

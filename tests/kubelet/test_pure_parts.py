@@ -7,9 +7,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kubelet_harness import GPU, NODE, PF, VF, allocation, pod, topology
 
-from railyard.agent.state import Consumed, PodKey, PodRecord
 from railyard.allocation.names import DEFAULT_RESOURCES as NAMES
 from railyard.kubelet.pairing import choose_local, pair_container, reconcile
 from railyard.kubelet.pods import PodError, pod_view
@@ -21,6 +19,8 @@ from railyard.kubelet.response import (
     pairs_json,
     pcidevice_env,
 )
+from railyard.node.state import Consumed, PodKey, PodRecord
+from support.agent import GPU, NODE, PF, VF, allocation, pod, topology
 
 TOPO = topology("dgx-h100", vfs_per_pf=2)
 GPUS = [g.device_id for g in TOPO.gpus]
@@ -327,10 +327,10 @@ def test_node_plan_holds_a_pf_kubelet_does_not_offer_without_also_holding_its_vf
     (a held PF also holds its VFs). Naming those VFs in the same hold made the ledger refuse
     it (one holding may not name a PF whole and a VF of it), so the hold was lost, the
     allocator picked the unoffered PF and the node fell back to its greedy plan."""
-    from railyard.agent.state import StateStore
     from railyard.allocation.ledger import Ledger
     from railyard.allocation.request import Request
     from railyard.kubelet.admission import Admission
+    from railyard.node.state import StateStore
 
     class NoPods:
         def pods(self) -> list:

@@ -1,36 +1,20 @@
-"""Shared test material for the extender: pods as kube-scheduler sends them, hand-written
-allocations (fixture data, not an allocator), and a served extender on a free port."""
+"""Shared test material for the extender: pods as kube-scheduler sends them and hand-written
+allocations (both from `support`, in the extender's terms), and a served extender on a free
+port."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
+from railyard.allocation.types import Allocation
 from railyard.scheduler.service import Extender, bound_port, start
 from railyard.topology.model import NodeTopology
+from support.allocations import allocation, vf
+from support.pods import asking as pod
 
-
-def pod(uid: str, gpus: int = 0, vfs: int = 0, pfs: int = 0, *, name: str | None = None,
-        namespace: str = "default", hints: dict | None = None) -> dict[str, Any]:
-    """A v1 Pod with one container asking for the given devices (limits, as users write)."""
-    limits: dict[str, str] = {"cpu": "4", "memory": "16Gi"}
-    if gpus:
-        limits["nvidia.com/gpu"] = str(gpus)
-    if vfs:
-        limits["railyard.dev/vf"] = str(vfs)
-    if pfs:
-        limits["railyard.dev/pf"] = str(pfs)
-    meta: dict[str, Any] = {"name": name or f"pod-{uid}", "namespace": namespace, "uid": uid}
-    if hints is not None:
-        meta["annotations"] = {"railyard.dev/request": json.dumps(hints)}
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": meta,
-        "spec": {"schedulerName": "default-scheduler", "containers": [
-            {"name": "main", "image": "nccl-tests", "resources": {"limits": limits}}]},
-    }
+__all__ = ["args", "hand_allocation", "node_list", "pod", "served"]
 
 
 def args(p: dict, names: list[str]) -> dict[str, Any]:
@@ -46,12 +30,7 @@ def node_list(names: list[str]) -> dict[str, Any]:
 
 def hand_allocation(t: NodeTopology, pairs: list[tuple[int, int, int]]) -> Allocation:
     """An Allocation of (GPU index, NIC index, VF index) triples on `t`, written by hand."""
-    out = []
-    for g, n, v in pairs:
-        gpu, nic = t.gpus[g], t.nics[n]
-        out.append(Pair(GpuRef.of(gpu), NicRef.of_vf(nic, nic.vfs[v]),
-                        t.gpu_nic_distance(gpu.pci_address, nic.pci_address)))
-    return Allocation(t.node, (0,), None, (), pairs=tuple(out))
+    return allocation(t, [(g, vf(t, n, v)) for g, n, v in pairs], decided_at=None)
 
 
 @contextlib.asynccontextmanager

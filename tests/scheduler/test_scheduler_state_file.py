@@ -223,15 +223,15 @@ def test_a_release_asked_while_the_binds_line_is_being_written_is_recorded_after
 # deterministically, in a child process so that nothing else is limited.
 _SHORT_WRITE = textwrap.dedent("""
     import asyncio, os, resource, signal, sys
-    sys.path.insert(0, sys.argv[3])
-    from scheduler_helpers import hand_allocation
+    from support.allocations import allocation, vf
     from railyard.discovery.profiles import build_topology, profile
     from railyard.scheduler.cluster_file import BoundPod
     from railyard.scheduler.state_file import StateFile, StateFileError
 
     T = build_topology(profile("dgx-h100"), node="gpu-1")
     def bound(uid, gpu):
-        return BoundPod("ml", "p-" + uid, uid, "gpu-1", hand_allocation(T, [(gpu, 0, gpu)]))
+        return BoundPod("ml", "p-" + uid, uid, "gpu-1",
+                        allocation(T, [(gpu, vf(T, 0, gpu))], decided_at=None))
 
     path, mode = sys.argv[1], sys.argv[2]
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over the limit: EFBIG, not death
@@ -259,9 +259,11 @@ _SHORT_WRITE = textwrap.dedent("""
 
 def short_write(tmp_path: Path, mode: str) -> tuple[str, list[str]]:
     path = tmp_path / "state"
-    out = subprocess.run(
-        [sys.executable, "-c", _SHORT_WRITE, str(path), mode, str(Path(__file__).parent)],
-        capture_output=True, text=True, timeout=60)
+    tests = str(Path(__file__).resolve().parent.parent)  # the child imports `support` from it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (tests, os.environ.get("PYTHONPATH")) if p)}
+    out = subprocess.run([sys.executable, "-c", _SHORT_WRITE, str(path), mode],
+                         capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip(), [p.uid for p in read_state(path)]
 

@@ -1,5 +1,4 @@
-"""The node agent: its config, pod source, state store and the wiring that runs the kubelet
-device plugins (docs/agent.md)."""
-
-# Here, not in state.py, so the CLI can show it without importing the store (~45 ms).
-DEFAULT_STATE_DIR = "/var/lib/railyard"  # the node state store, unless --state-dir says else
+"""The node agent: wiring only. It builds the kubelet device plugins, their admission, the
+state store and (with `--cni-socket`) the CNI service from one config, and runs them
+(docs/agent.md). Only the CLI imports it; the parts live in `railyard.kubelet`,
+`railyard.cni` and `railyard.node`."""

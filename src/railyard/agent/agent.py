@@ -17,19 +17,19 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from railyard.agent import DEFAULT_STATE_DIR
 from railyard.agent.config import AgentConfig
-from railyard.agent.pods import PodSource
-from railyard.agent.state import StateStore
-from railyard.files import write_atomic
 from railyard.kubelet.admission import Admission
 from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
-from railyard.kubelet.pods import PodView
+from railyard.kubelet.pods import PodSource, PodView
 from railyard.kubelet.resolver import Kind
 from railyard.kubelet.response import ContainerGrant, devinfo_file_name
 from railyard.kubelet.watch import FolderWatch
+from railyard.node.attachments import attached_pods
+from railyard.node.files import write_atomic
+from railyard.node.paths import KUBELET_DIR, STATE_DIR
+from railyard.node.state import StateStore
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ GC_INTERVAL_S = 10.0
 class AgentOptions:
     node_name: str
     sysfs_root: str = "/"
-    kubelet_dir: str = "/var/lib/kubelet"
-    state_dir: str = DEFAULT_STATE_DIR
+    kubelet_dir: str = KUBELET_DIR
+    state_dir: str = STATE_DIR
     cni_socket: str | None = None
 
 
@@ -274,14 +274,18 @@ class Agent:
     # ------------------------------------------------------------------ forgetting
 
     def gc(self) -> list[str]:
-        """Drop records of pods that are gone (kept while the CNI still holds a section)."""
+        """Drop records of pods that are gone, but not while the CNI still has an attachment
+        record of the pod: until its DEL the pod's devices are still in its namespace."""
         if not self.pods.loaded:
             return []
         live = {p.uid for p in self.pods.pods()}
         removed = []
         names = self.config.resources
         records = self.store.all()
-        gone = [r for r in records if r.uid not in live and not r.sections]
+        gone = [r for r in records if r.uid not in live]
+        if gone:
+            attached = attached_pods(self.options.state_dir)
+            gone = [r for r in gone if r.uid not in attached]
         # Kubelet frees a finished pod's devices while its object stays, so another pod may
         # hold a VF by now; its Allocate rewrote the device-info file, which is its own.
         gone_uids = {r.uid for r in gone}

@@ -1,9 +1,8 @@
 """The agent's config file: resource names, which plugins run, and pool selectors.
 
 Selectors use sriov-network-device-plugin's vocabulary (`vendors`, `devices`, `drivers`,
-`pfNames`, `linkTypes`) so operators can carry their rules over. A device is offered when it
-matches any selector of its pool; within a selector every given field must match, and a
-field matches when any of its values does. No selectors: every RDMA device is offered.
+`pfNames`, `linkTypes`); what they mean is `railyard.kubelet.selectors`, beside the inventory
+that applies them. This module only parses them.
 
 Example (JSON or YAML):
 
@@ -26,9 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
-
-DEFAULT_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/dp"
-DEFAULT_CNI_DEVINFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"  # Multus's folder for CNIs
+from railyard.kubelet.selectors import PfName, Selector
+from railyard.node.paths import CNI_DEVINFO_DIR, DEVINFO_DIR
 
 # sriov-dp link type names, and the sysfs link_layer values they stand for.
 _LINK_TYPES = {"ether": "Ethernet", "ethernet": "Ethernet", "eth": "Ethernet",
@@ -40,60 +38,6 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceFacts:
-    """What a selector can look at for one PCI function (a VF or a PF)."""
-
-    pci_address: str
-    vendor: str | None  # "15b3", no 0x
-    device: str | None  # "101e"
-    driver: str | None
-    pf_netdev: str | None  # the PF's netdev (the PF's own for a PF)
-    vf_index: int | None  # None for a PF
-    link_type: str | None  # sysfs link_layer: "InfiniBand" | "Ethernet"
-
-
-@dataclass(frozen=True, slots=True)
-class PfName:
-    """`ibp24s0` (every VF) or `ibp24s0#0-3` (VFs 0 to 3, sriov-dp's range form)."""
-
-    name: str
-    first_vf: int | None = None
-    last_vf: int | None = None
-
-    def matches(self, facts: DeviceFacts) -> bool:
-        if facts.pf_netdev != self.name:
-            return False
-        if self.first_vf is None or facts.vf_index is None:
-            return True
-        return self.first_vf <= facts.vf_index <= (self.last_vf or self.first_vf)
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    vendors: frozenset[str] = frozenset()
-    devices: frozenset[str] = frozenset()
-    drivers: frozenset[str] = frozenset()
-    pf_names: tuple[PfName, ...] = ()
-    link_types: frozenset[str] = frozenset()  # sysfs link_layer values
-
-    def matches(self, facts: DeviceFacts) -> bool:
-        if self.vendors and facts.vendor not in self.vendors:
-            return False
-        if self.devices and facts.device not in self.devices:
-            return False
-        if self.drivers and facts.driver not in self.drivers:
-            return False
-        if self.pf_names and not any(p.matches(facts) for p in self.pf_names):
-            return False
-        return not (self.link_types and facts.link_type not in self.link_types)
-
-
-def offered(selectors: tuple[Selector, ...], facts: DeviceFacts) -> bool:
-    """No selectors offer everything; otherwise any one matching selector does."""
-    return not selectors or any(s.matches(facts) for s in selectors)
-
-
-@dataclass(frozen=True, slots=True)
 class AgentConfig:
     resources: ResourceNames = DEFAULT_RESOURCES
     gpu_plugin: bool = True
@@ -101,8 +45,8 @@ class AgentConfig:
     pf_plugin: bool = True
     vf_pool: tuple[Selector, ...] = ()
     pf_pool: tuple[Selector, ...] = ()
-    devinfo_dir: str = DEFAULT_DEVINFO_DIR
-    cni_devinfo_dir: str = DEFAULT_CNI_DEVINFO_DIR  # where --cni-socket's service writes them
+    devinfo_dir: str = DEVINFO_DIR
+    cni_devinfo_dir: str = CNI_DEVINFO_DIR  # where --cni-socket's service writes them
     health_interval_s: float = 1.0
     verify_delay_s: float = 1.0  # PodResources check after an Allocate
 
@@ -240,10 +184,10 @@ def config_from_dict(d: Any) -> AgentConfig:
             raise ConfigError(f"pools.{kind}: expected a list of selectors")
         return tuple(parse_selector(s, f"pools.{kind}[{i}]") for i, s in enumerate(raw))
 
-    devinfo = d.get("devinfoDir", DEFAULT_DEVINFO_DIR)
+    devinfo = d.get("devinfoDir", DEVINFO_DIR)
     if not isinstance(devinfo, str) or not devinfo:
         raise ConfigError("devinfoDir: expected a folder path")
-    cni_devinfo = d.get("cniDevinfoDir", DEFAULT_CNI_DEVINFO_DIR)
+    cni_devinfo = d.get("cniDevinfoDir", CNI_DEVINFO_DIR)
     if not isinstance(cni_devinfo, str) or not cni_devinfo:
         raise ConfigError("cniDevinfoDir: expected a folder path")
     return AgentConfig(

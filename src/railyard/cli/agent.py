@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
-from railyard.agent import DEFAULT_STATE_DIR
 from railyard.cli.app import app, fail
+from railyard.node.paths import KUBELET_DIR, STATE_DIR
 
 
 @app.command()
@@ -26,10 +26,10 @@ def agent(
     kubelet_dir: Annotated[Path, typer.Option(
         "--kubelet-dir", metavar="DIR",
         help="Kubelet's root: device-plugins/, plugins_registry/, pod-resources/.")
-    ] = Path("/var/lib/kubelet"),
+    ] = Path(KUBELET_DIR),
     state_dir: Annotated[Path, typer.Option(
         "--state-dir", metavar="DIR", help="The node-local state store.")
-    ] = Path(DEFAULT_STATE_DIR),
+    ] = Path(STATE_DIR),
     config: Annotated[Path | None, typer.Option(
         "--config", metavar="FILE",
         help="Agent config (JSON or YAML): resource names, pools, plugins; see docs/agent.md.")
@@ -48,10 +48,10 @@ def agent(
 
     from railyard.agent.agent import Agent, AgentOptions, run_until_stopped
     from railyard.agent.config import ConfigError, load_config
-    from railyard.agent.pods import PodsFile
-    from railyard.agent.state import StateError
     from railyard.discovery.sysfs import SysfsError
     from railyard.kubelet.plugin import PluginError
+    from railyard.kubelet.pods import PodsFile
+    from railyard.node.errors import StateError
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from railyard.cli.app import app, fail
+from railyard.node.paths import CNI_BIN_DIR, CNI_DEVINFO_DIR, CNI_SOCKET, POD_RESOURCES_SOCKET
 
 cni_app = typer.Typer(help="The CNI plugin: serve the warm service, install the shim.",
                       no_args_is_help=True)
@@ -20,7 +21,7 @@ def serve(
     state_dir: Annotated[Path, typer.Option(
         "--state-dir", metavar="DIR", help="The node state store (the agent's --state-dir).")],
     socket_path: Annotated[str, typer.Option(
-        "--socket", metavar="PATH", help="Unix socket the shim calls.")] = "/run/railyard/cni.sock",
+        "--socket", metavar="PATH", help="Unix socket the shim calls.")] = CNI_SOCKET,
     sysfs_root: Annotated[str, typer.Option(
         "--sysfs-root", metavar="DIR", help="Where sys/ is (a fixture tree in tests).")] = "/",
     host_netns: Annotated[str | None, typer.Option(
@@ -28,11 +29,11 @@ def serve(
         help="Namespace devices come from and return to; default: this process's.")] = None,
     devinfo_dir: Annotated[str | None, typer.Option(
         "--devinfo-dir", metavar="DIR",
-        help="Multus device-info folder; default: /var/run/k8s.cni.cncf.io/devinfo/cni.")] = None,
+        help=f"Multus device-info folder; default: {CNI_DEVINFO_DIR}.")] = None,
     pod_resources: Annotated[str | None, typer.Option(
         "--pod-resources", metavar="PATH",
         help="kubelet's PodResources socket, to confirm grants; '' to not ask kubelet; "
-             "default: /var/lib/kubelet/pod-resources/kubelet.sock.")] = None,
+             f"default: {POD_RESOURCES_SOCKET}.")] = None,
     node_name: Annotated[str | None, typer.Option(
         "--node-name", metavar="NAME",
         help="The node whose records grant devices (the agent's --node-name); "
@@ -49,18 +50,16 @@ def serve(
         fail(f"--socket {socket_path}: the folder above {socket_folder} does not exist "
              "(only the socket's own folder is made)")
 
-    from railyard.agent.state import StateError
-    from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET
     from railyard.cni.netns import NetnsError
-    from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR
     from railyard.cni.service import serve as run_service
+    from railyard.node.errors import StateError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         run_service(
             str(state_dir), socket_path, sysfs_root=sysfs_root, host_netns=host_netns,
-            device_info_dir=devinfo_dir or DEFAULT_DEVICE_INFO_DIR,
-            pod_resources_socket=(DEFAULT_POD_RESOURCES_SOCKET if pod_resources is None
+            device_info_dir=devinfo_dir or CNI_DEVINFO_DIR,
+            pod_resources_socket=(POD_RESOURCES_SOCKET if pod_resources is None
                                   else pod_resources or None),
             node=node_name or None,
             ready=lambda: print(f"railyard cni: serving on {socket_path}", flush=True),
@@ -74,7 +73,7 @@ def serve(
 @cni_app.command("install")
 def install(
     bin_dir: Annotated[Path, typer.Option(
-        "--bin-dir", metavar="DIR", help="The runtime's CNI bin folder.")] = Path("/opt/cni/bin"),
+        "--bin-dir", metavar="DIR", help="The runtime's CNI bin folder.")] = Path(CNI_BIN_DIR),
     interpreter: Annotated[str | None, typer.Option(
         "--interpreter", metavar="PATH",
         help="python3 the shim runs under; default: this one (needed for standalone mode).")

@@ -1,7 +1,7 @@
 """Which NICs a pod may receive: the node state store's word, confirmed by kubelet when possible.
 
 The only source of devices is what the device plugin recorded when kubelet gave the pod its
-devices (`railyard.agent.state.StateStore`). Nothing in the network config or CNI_ARGS names a
+devices (`railyard.node.state.StateStore`). Nothing in the network config or CNI_ARGS names a
 device; CNI_ARGS only says which pod is asking. Where kubelet's PodResources API answers, every
 granted NIC must also appear among the pod's device IDs there (VFs and PFs are advertised by PCI
 address), so a stale or forged store entry moves nothing. The pod kubelet is asked about is the
@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from railyard.agent.state import PodRecord, StateError, StateStore
 from railyard.allocation.types import NicRef
 from railyard.cni.spec import CniError, Code, PodArgs
+from railyard.node.paths import POD_RESOURCES_SOCKET
+from railyard.node.state import PodRecord, StateError, StateStore
 
-DEFAULT_POD_RESOURCES_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 NODE_NAME_ENV = "RAILYARD_CNI_NODE_NAME"
 
 
@@ -53,7 +53,7 @@ class PodDevices(Protocol):
 
 
 class LivePods(Protocol):
-    """The agent's view of the node's pods (`railyard.agent.pods.PodSource` fits)."""
+    """The agent's view of the node's pods (`railyard.kubelet.pods.PodSource` fits)."""
 
     def pods(self) -> Sequence[object]:
         """The pods known now; each has a `.uid`."""
@@ -139,7 +139,7 @@ class StoreGrants:
 class KubeletPodResources:
     """PodResources v1 `List` on kubelet's socket; None when kubelet cannot be asked."""
 
-    def __init__(self, socket_path: str = DEFAULT_POD_RESOURCES_SOCKET,
+    def __init__(self, socket_path: str = POD_RESOURCES_SOCKET,
                  timeout_s: float = 1.0) -> None:
         self.socket_path = socket_path
         self.timeout_s = timeout_s

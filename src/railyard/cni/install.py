@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import railyard.cni.shim as shim_module
-from railyard.files import write_atomic
+from railyard.node.files import write_atomic
 
 SHIM_NAME = "railyard-cni"
 MODULE_DIR = ".railyard-cni"

@@ -22,7 +22,6 @@ from typing import Any
 
 from railyard.allocation.types import NicRef
 from railyard.cni import devices
-from railyard.cni.cache import AttachmentRecord, CniStore, InUse, MovedDevice
 from railyard.cni.grants import Grant, Grants, PodDevices, confirm
 from railyard.cni.ipam import Ipam, IpamCall
 from railyard.cni.netns import (
@@ -65,14 +64,28 @@ from railyard.cni.spec import (
     reply_version,
     version_key,
 )
-from railyard.files import write_atomic
+from railyard.node.attachments import (
+    AttachmentRecord,
+    AttachmentStore,
+    DeviceBusy,
+    InUse,
+    MovedDevice,
+)
+from railyard.node.errors import StateError
+from railyard.node.files import write_atomic
+from railyard.node.locks import FileLocks
+from railyard.node.paths import CNI_DEVINFO_DIR
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
 # IPAM plugins that never enter the pod's netns, so they may run while devices still move
 # (dhcp, for one, runs its client inside the netns and must wait for the interface).
 NETNS_FREE_IPAM = frozenset({"host-local", "static", "whereabouts"})
+
+
+def state_failure(e: StateError) -> CniError:
+    """The node's state folder could not be read or written: an I/O failure (code 5)."""
+    return CniError(Code.IO, str(e))
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +95,7 @@ class Settings:
 
     sysfs_root: str = "/"
     host_netns: str | None = None  # None: the service's own namespace
-    device_info_dir: str = DEFAULT_DEVICE_INFO_DIR
+    device_info_dir: str = CNI_DEVINFO_DIR
     lock_timeout_s: float = 30.0
 
 
@@ -104,7 +117,7 @@ class Plugin:
                  settings: Settings | None = None, pod_devices: PodDevices | None = None,
                  ipam: Ipam | None = None) -> None:
         self.settings = settings or Settings()
-        self.store = CniStore(state_dir)
+        self.store = AttachmentStore(state_dir)
         self.grants = grants
         self.rdma = rdma
         self.pod_devices = pod_devices
@@ -138,6 +151,9 @@ class Plugin:
             return Reply(0, (json.dumps(out) + "\n").encode() if out is not None else b"")
         except CniError as e:
             return Reply(1, (json.dumps(e.to_json(version)) + "\n").encode())
+        except StateError as e:  # the node's state folder failed us mid-call
+            err = state_failure(e)
+            return Reply(1, (json.dumps(err.to_json(version)) + "\n").encode())
         except Exception as e:  # never a traceback to the runtime; the log keeps it
             log.error("cni: unexpected failure\n%s", traceback.format_exc())
             err = CniError(Code.IO, f"internal error: {type(e).__name__}: {e}")
@@ -182,8 +198,15 @@ class Plugin:
             needs_ipam = conf.ipam is not None or any(i.ipam for i in conf.interfaces)
             if needs_ipam and not call.path:
                 raise CniError(Code.INVALID_ENV, "CNI_PATH is required to find IPAM plugins")
-            with self.store.locked([n.pci_address for n in nics], self.settings.lock_timeout_s):
+            with self._lock([n.pci_address for n in nics]):
                 return self._add_locked(call, conf, pod_ns, grant, names)
+
+    def _lock(self, pcis: list[str]) -> FileLocks:
+        """The devices' locks, held by the caller's `with`; busy past the timeout: code 11."""
+        try:
+            return self.store.lock_devices(pcis, self.settings.lock_timeout_s)
+        except DeviceBusy as e:
+            raise CniError(Code.TRY_AGAIN, e.reason) from None
 
     def _base_ifname(self, call: Call, conf: NetConf) -> str:
         own = conf.raw.get("ifname")
@@ -259,6 +282,8 @@ class Plugin:
                     self._forget(rec)
                 if isinstance(e, CniError):
                     err = e
+                elif isinstance(e, StateError):
+                    err = state_failure(e)
                 elif isinstance(e, (LinkError, RdmaError)):
                     err = CniError(Code.MOVE_FAILED, str(e))
                 else:
@@ -511,7 +536,7 @@ class Plugin:
         return None
 
     def _delete_record(self, rec: AttachmentRecord, path: tuple[str, ...]) -> None:
-        with self.store.locked([d.pci for d in rec.devices], self.settings.lock_timeout_s):
+        with self._lock([d.pci for d in rec.devices]):
             # Read again under the locks: an ADD still running when this call read the record
             # has since finished it (its IPAM calls, its device-info files), or a DEL has.
             rec = self.store.load(rec.network, rec.container_id, rec.ifname)
@@ -606,8 +631,9 @@ class Plugin:
                 continue
             try:
                 self._delete_record(rec, call.path)
-            except CniError as e:
-                problems.append(f"{e.msg}: {e.details}")
+            except (CniError, StateError) as e:
+                err = e if isinstance(e, CniError) else state_failure(e)
+                problems.append(f"{err.msg}: {err.details}")
         for pci, note in self.store.in_use_notes():
             # A note whose attachment is gone and whose namespace died protects nothing.
             if note.network == conf.name and \

@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass, field
 
 from railyard.cni import devices
-from railyard.cni.cache import MovedDevice
 from railyard.cni.netns import Link, LinkError, Links, Netns
+from railyard.node.attachments import MovedDevice
 
 log = logging.getLogger(__name__)
 _DEL_NAMES_KEPT = 3  # transit names of past DEL attempts a record keeps, besides ADD's

@@ -19,18 +19,15 @@ import struct
 import threading
 from collections.abc import Callable
 
-from railyard.agent.state import StateStore
 from railyard.cni.grants import (
-    DEFAULT_POD_RESOURCES_SOCKET,
     KubeletPodResources,
     LivePods,
     StoreGrants,
     default_node_name,
 )
-from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin, Settings
+from railyard.cni.plugin import Plugin, Settings
 from railyard.cni.rdma import RdmaNetlink, RdmaNetns
 from railyard.cni.shim import (
-    DEFAULT_SOCKET,
     MAGIC,
     decode_env,
     encode_reply,
@@ -39,6 +36,8 @@ from railyard.cni.shim import (
     recv_exact,
 )
 from railyard.cni.spec import Code
+from railyard.node.paths import CNI_DEVINFO_DIR, CNI_SOCKET, POD_RESOURCES_SOCKET
+from railyard.node.state import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +46,9 @@ _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 def build_plugin(state_dir: str | os.PathLike[str], *, sysfs_root: str | os.PathLike[str] = "/",
                  host_netns: str | None = None,
-                 device_info_dir: str | os.PathLike[str] = DEFAULT_DEVICE_INFO_DIR,
+                 device_info_dir: str | os.PathLike[str] = CNI_DEVINFO_DIR,
                  rdma: RdmaNetns | None = None,
-                 pod_resources_socket: str | os.PathLike[str] | None =
-                 DEFAULT_POD_RESOURCES_SOCKET,
+                 pod_resources_socket: str | os.PathLike[str] | None = POD_RESOURCES_SOCKET,
                  store: StateStore | None = None, node: str | None = None,
                  pods: LivePods | None = None) -> Plugin:
     """The plugin over the node state store in `state_dir` (the agent's `--state-dir`).
@@ -158,12 +156,12 @@ class RunningService:
         self.server.plugin.close()
 
 
-def start(plugin: Plugin, socket_path: str = DEFAULT_SOCKET) -> RunningService:
+def start(plugin: Plugin, socket_path: str = CNI_SOCKET) -> RunningService:
     """Serve on a background thread (the agent's in-process hook)."""
     return RunningService(CniServer(socket_path, plugin))
 
 
-def serve(state_dir: str, socket_path: str = DEFAULT_SOCKET, *,
+def serve(state_dir: str, socket_path: str = CNI_SOCKET, *,
           ready: Callable[[], None] | None = None, **settings) -> None:
     """Serve until interrupted; `settings` go to `build_plugin`."""
     plugin = build_plugin(state_dir, **settings)

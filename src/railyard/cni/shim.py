@@ -20,7 +20,7 @@ import sys
 import time
 
 MAGIC = b"RYCNI1"
-DEFAULT_SOCKET = "/run/railyard/cni.sock"
+DEFAULT_SOCKET = "/run/railyard/cni.sock"  # = railyard.node.paths.CNI_SOCKET (stdlib only here)
 SUPPORTED_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION = SUPPORTED_VERSIONS[-1]
 CONNECT_TIMEOUT_S = 2.0

@@ -17,11 +17,9 @@ import json
 import os
 from collections.abc import Mapping
 
-from railyard.agent import DEFAULT_STATE_DIR
-from railyard.agent.state import StateError
-from railyard.cni.grants import DEFAULT_POD_RESOURCES_SOCKET, NODE_NAME_ENV, default_node_name
+from railyard.cni.grants import NODE_NAME_ENV, default_node_name
 from railyard.cni.netns import NetnsError
-from railyard.cni.plugin import DEFAULT_DEVICE_INFO_DIR, Plugin
+from railyard.cni.plugin import Plugin
 from railyard.cni.rdma import RdmaError
 from railyard.cni.spec import (
     LATEST_VERSION,
@@ -31,13 +29,15 @@ from railyard.cni.spec import (
     parse_netconf,
     reply_version,
 )
+from railyard.node.errors import StateError
+from railyard.node.paths import CNI_DEVINFO_DIR, POD_RESOURCES_SOCKET, STATE_DIR
 
 STATE_DIR_ENV = "RAILYARD_CNI_STATE_DIR"
 
 
 def node_state_dir(configured: str | None, env: Mapping[str, str]) -> str:
     """The node's state folder; a config may repeat it, never choose another."""
-    own = env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+    own = env.get(STATE_DIR_ENV) or STATE_DIR
     if configured is not None and os.path.realpath(configured) != os.path.realpath(own):
         raise CniError(Code.INVALID_CONFIG,
                        f"stateDir {configured} is not this node's state folder "
@@ -53,9 +53,8 @@ def plugin_from_env(state_dir: str, env: Mapping[str, str]) -> Plugin:
         state_dir,
         sysfs_root=env.get("RAILYARD_CNI_SYSFS_ROOT") or "/",
         host_netns=env.get("RAILYARD_CNI_HOST_NETNS") or None,
-        device_info_dir=env.get("RAILYARD_CNI_DEVINFO_DIR") or DEFAULT_DEVICE_INFO_DIR,
-        pod_resources_socket=env.get("RAILYARD_CNI_POD_RESOURCES",
-                                     DEFAULT_POD_RESOURCES_SOCKET) or None,
+        device_info_dir=env.get("RAILYARD_CNI_DEVINFO_DIR") or CNI_DEVINFO_DIR,
+        pod_resources_socket=env.get("RAILYARD_CNI_POD_RESOURCES", POD_RESOURCES_SOCKET) or None,
         node=env.get(NODE_NAME_ENV) or default_node_name(),
     )
 

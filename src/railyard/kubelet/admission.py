@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from railyard.agent.pods import PodSource
-from railyard.agent.state import Consumed, PodKey, PodRecord, StateStore
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.names import ResourceNames
@@ -27,7 +25,7 @@ from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, GpuRef, NicRef
 from railyard.kubelet.pairing import DeviceIndex, choose_local, pair_container, reconcile
 from railyard.kubelet.podresources import AssignedPod
-from railyard.kubelet.pods import PodView
+from railyard.kubelet.pods import PodSource, PodView
 from railyard.kubelet.resolver import (
     Candidate,
     Kind,
@@ -45,6 +43,7 @@ from railyard.kubelet.response import (
     nic_grant,
     pairs_json,
 )
+from railyard.node.state import Consumed, PodKey, PodRecord, StateStore
 from railyard.records.allocation import format_decided_at
 from railyard.topology.model import NodeTopology
 

@@ -11,9 +11,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from railyard.agent.config import DeviceFacts, Selector, offered
 from railyard.discovery.sysfs import parse_default_route_ifaces, parse_port_state
 from railyard.kubelet.resolver import Kind
+from railyard.kubelet.selectors import DeviceFacts, Selector, offered
 from railyard.topology.model import Nic, NodeTopology
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from railyard.agent.state import PodRecord
 from railyard.allocation.names import ResourceNames
 from railyard.allocation.types import Allocation
 from railyard.kubelet.pods import ContainerView, PodView
+from railyard.node.state import PodRecord
 
 Kind = Literal["gpu", "vf", "pf"]
 

@@ -5,8 +5,9 @@ pod may receive. It survives agent restarts and is safe for two processes (the a
 CNI service, or two agents during an upgrade) through one lock file.
 
 Layout: `<state_dir>/pods/<uid>.json`, one JSON document per pod, written temp + fsync +
-rename (+ fsync of the folder), so a crash leaves either the old or the new file, never half
-of one. `<state_dir>/.lock` is taken with `flock` around every read-modify-write.
+rename (+ fsync of the folder; `railyard.node.files`), so a crash leaves either the old or the
+new file, never half of one. `<state_dir>/.lock` is taken with `flock` around every
+read-modify-write (`railyard.node.locks`).
 
 API (all methods are synchronous and fast; call them from asyncio code directly):
 
@@ -15,7 +16,7 @@ API (all methods are synchronous and fast; call them from asyncio code directly)
   on kubelet's admission path) renames synchronously and fsyncs from a background thread
   within ~20 ms; `.flush()` forces it, `.close()` stops the thread.
 - `.put(pod: PodKey, allocation, consumed=None)` — record (or replace) the pod's Allocation;
-  what was already consumed and the pod's sections are kept when the UID is the same;
+  what was already consumed is kept when the UID is the same;
   `consumed=Consumed(container, resource, ids)` notes a consumption in the same write.
 - `.get(uid) -> PodRecord | None`, `.find(namespace, name) -> PodRecord | None`, `.all()`.
 - `.mark_consumed(uid, container, resource, device_ids)` — kubelet allocated these IDs of
@@ -24,8 +25,10 @@ API (all methods are synchronous and fast; call them from asyncio code directly)
 - `.remove(uid) -> bool`.
 - `.granted_nics(uid) -> tuple[NicRef, ...]` — the pod's NICs in pair order (paired NICs
   first, then unpaired): exactly what the CNI may move into the pod; empty for an unknown pod.
-- `.put_section(uid, name, value)` / `PodRecord.sections[name]` — a JSON value another
-  component keeps with the pod (the CNI service: moved devices with their original names).
+
+What the CNI moved is not kept here but in its attachment records (`railyard.node.attachments`);
+a `sections` object that older versions wrote into a record is read past and not written back
+(docs/decisions/0061).
 
 Errors: `StateError(path, reason)` for an unreadable or malformed record or a bad argument;
 `get` raises it, `all` skips such files and logs a warning (one bad file hides no other pod).
@@ -34,20 +37,21 @@ Errors: `StateError(path, reason)` for an unreadable or malformed record or a ba
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from railyard.allocation.types import Allocation, NicRef
-from railyard.files import fsync_dir, write_atomic
+from railyard.node.errors import StateError
+from railyard.node.files import fsync_dir, write_atomic
+from railyard.node.locks import FileLocks
 from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
 
 log = logging.getLogger(__name__)
@@ -56,14 +60,7 @@ FORMAT_VERSION = 1
 # Kubernetes UIDs are UUIDs; allow any name that is a safe single path component.
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
-
-class StateError(Exception):
-    """A state file or argument that cannot be used; names the file (or argument) and why."""
-
-    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
-        super().__init__(f"{path}: {reason}")
-        self.path = str(path)
-        self.reason = reason
+__all__ = ["Consumed", "PodKey", "PodRecord", "StateError", "StateStore"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +87,6 @@ class PodRecord:
     pod: PodKey
     allocation: Allocation
     consumed: tuple[Consumed, ...] = ()
-    sections: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def uid(self) -> str:
@@ -120,7 +116,6 @@ def record_to_json(r: PodRecord) -> dict[str, Any]:
             {"container": c.container, "resource": c.resource, "deviceIds": list(c.device_ids)}
             for c in r.consumed
         ],
-        "sections": dict(r.sections),
     }
 
 
@@ -155,10 +150,8 @@ def record_from_json(v: Any) -> PodRecord:
             raise RecordError(f"{where}.deviceIds: expected a list of strings")
         consumed.append(Consumed(_str(c, "container", where), _str(c, "resource", where),
                                  tuple(ids)))
-    sections = v.get("sections", {})
-    if not isinstance(sections, dict):
-        raise RecordError("record.sections: expected an object")
-    return PodRecord(key, alloc, tuple(consumed), sections)
+    # "sections" (written by older versions, never used) is read past: decision 0061.
+    return PodRecord(key, alloc, tuple(consumed))
 
 
 # ----------------------------------------------------------------------- the store
@@ -243,7 +236,7 @@ class StateStore:
         # each other through it alone, so a thread lock sits in front.
         self._thread_lock = threading.RLock()
         self._depth = 0
-        self._fd: int | None = None
+        self._held: FileLocks | None = None
         # Decoded records by file, valid while the file's (mtime, size, inode) stays: every
         # write renames a new inode into place, so another process's write is always seen.
         self._cache: dict[str, tuple[tuple[int, int, int], PodRecord]] = {}
@@ -257,22 +250,15 @@ class StateStore:
         """Hold the store's lock (re-entrant in this process) across several operations."""
         with self._thread_lock:
             if self._depth == 0:
-                fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fd = fd
+                self._held = FileLocks((self._lock_path,))
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0 and self._fd is not None:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    os.close(self._fd)
-                    self._fd = None
+                if self._depth == 0 and self._held is not None:
+                    self._held.release()
+                    self._held = None
 
     # ------------------------------------------------------------------ files
 
@@ -322,7 +308,7 @@ class StateStore:
 
     def put(self, pod: PodKey, allocation: Allocation, *,
             consumed: Consumed | None = None) -> PodRecord:
-        """Record the pod's Allocation, keeping what was consumed and its sections.
+        """Record the pod's Allocation, keeping what was consumed.
 
         `consumed` also notes one (container, resource) consumption in the same write, which
         is what `Allocate` needs: one fsync'd write on kubelet's admission path, not two.
@@ -390,22 +376,6 @@ class StateStore:
             if kept != r.consumed:
                 r = replace(r, consumed=kept)
                 self._write(r)
-            return r
-
-    def put_section(self, uid: str, name: str, value: Any) -> PodRecord:
-        """Keep a JSON value under `name` with the pod's record (None deletes it)."""
-        with self.locked():
-            r = self._read(self._path(uid))
-            if r is None:
-                raise StateError(self._path(uid), "no record for this pod")
-            sections = dict(r.sections)
-            if value is None:
-                sections.pop(name, None)
-            else:
-                json.dumps(value)  # refuse what cannot be stored, before writing anything
-                sections[name] = value
-            r = replace(r, sections=sections)
-            self._write(r)
             return r
 
     def remove(self, uid: str) -> bool:

@@ -16,12 +16,12 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from railyard.agent.state import PodKey, StateStore
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.cni.install import install_shim
 from railyard.cni.netns import Netns
 from railyard.cni.rdma import RdmaError
 from railyard.discovery.profiles import build_topology, profile
+from railyard.node.state import PodKey, StateStore
 from railyard.topology.model import Distance
 
 IS_ROOT = os.geteuid() == 0

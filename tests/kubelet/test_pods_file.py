@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from railyard.agent.pods import PodsFile, PodsFileError, parse_pods
+from railyard.kubelet.pods import PodsFile, PodsFileError, parse_pods
 
 
 def pod(uid: str) -> dict:

@@ -1,6 +1,6 @@
 """Writes that a crash cannot tear: write a temp file beside the target, then rename it over.
 
-One home for the node side's write-temp-then-rename (node state store, CNI records, Multus
+One home for the node side's write-temp-then-rename (pod records, CNI attachment records, Multus
 device-info files, the CNI shim install). A rename within one folder is atomic, so a reader
 sees the old file or the new one, never half of either; `fsync=True` also makes the new
 contents survive a power loss before the rename is done (the folder still needs `fsync_dir`).

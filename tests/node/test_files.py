@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from railyard.files import fsync_dir, write_atomic
+from railyard.node.files import fsync_dir, write_atomic
 
 
 def test_write_atomic_replaces_the_file_and_leaves_no_temp(tmp_path):

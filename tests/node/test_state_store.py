@@ -7,19 +7,24 @@ import multiprocessing
 import os
 
 import pytest
-from agent_helpers import h100, paired_allocation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from railyard.agent.state import (
+from railyard.node.state import (
     PodKey,
     StateError,
     StateStore,
     record_from_json,
     record_to_json,
 )
+from support.allocations import allocation, h100, nearest_vf
 
 POD = PodKey("0b6f3c1e-uid-1", "team", "trainer-0")
+
+
+def paired_allocation(topo, gpus, decided_by="scheduler"):
+    """GPU i paired with the first VF of its nearest PF."""
+    return allocation(topo, [(i, nearest_vf(topo, i)) for i in gpus], decided_by=decided_by)
 
 
 @pytest.fixture(scope="module")
@@ -71,16 +76,28 @@ def test_mark_consumed_records_per_container_and_resource(tmp_path, topo):
     assert not r.is_consumed("sidecar", "nvidia.com/gpu")
 
 
-def test_replacing_the_allocation_keeps_consumed_and_sections(tmp_path, topo):
+def test_replacing_the_allocation_keeps_consumed(tmp_path, topo):
     s = StateStore(tmp_path)
     s.put(POD, paired_allocation(topo, [0]))
     s.mark_consumed(POD.uid, "main", "railyard.dev/vf", ["x"])
-    s.put_section(POD.uid, "cni", {"moved": [{"pci": "0000:18:00.2", "hostName": "ib0v0"}]})
     node_alloc = paired_allocation(topo, [1], decided_by="node")
     r = s.put(POD, node_alloc)
     assert r.allocation.decided_by == "node"
     assert r.consumed_ids("railyard.dev/vf") == ("x",)
-    assert r.sections["cni"]["moved"][0]["hostName"] == "ib0v0"
+
+
+def test_a_record_with_the_sections_older_versions_wrote_still_reads(tmp_path, topo):
+    """Decision 0061: `sections` is gone; a file that still has it is read past it."""
+    s = StateStore(tmp_path)
+    s.put(POD, paired_allocation(topo, [0]))
+    path = tmp_path / "pods" / f"{POD.uid}.json"
+    doc = json.loads(path.read_text())
+    doc["sections"] = {"cni": {"moved": [{"pci": "0000:18:00.2", "hostName": "ib0v0"}]}}
+    path.write_text(json.dumps(doc))
+    r = StateStore(tmp_path).get(POD.uid)
+    assert r is not None and r.allocation == paired_allocation(topo, [0])
+    s.mark_consumed(POD.uid, "main", "railyard.dev/vf", ["x"])
+    assert "sections" not in json.loads(path.read_text())
 
 
 def test_mark_consumed_of_unknown_pod_names_the_file(tmp_path):
@@ -160,14 +177,12 @@ names = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=1
 
 @settings(max_examples=40, deadline=None)
 @given(gpus=st.lists(st.integers(0, 7), unique=True, max_size=8),
-       consumed=st.lists(st.tuples(names, names, st.lists(names, max_size=3)), max_size=4),
-       section=st.dictionaries(names, st.integers() | names, max_size=3))
-def test_record_codec_round_trips(gpus, consumed, section):
-    from railyard.agent.state import Consumed, PodRecord
+       consumed=st.lists(st.tuples(names, names, st.lists(names, max_size=3)), max_size=4))
+def test_record_codec_round_trips(gpus, consumed):
+    from railyard.node.state import Consumed, PodRecord
     topo = h100()
     r = PodRecord(POD, paired_allocation(topo, gpus),
-                  tuple(Consumed(c, res, tuple(ids)) for c, res, ids in consumed),
-                  {"x": section})
+                  tuple(Consumed(c, res, tuple(ids)) for c, res, ids in consumed))
     assert record_from_json(json.loads(json.dumps(record_to_json(r)))) == r
 
 

@@ -1,4 +1,5 @@
-"""Test harness: fixture sysfs trees, pod objects, and a running agent beside a fake kubelet."""
+"""The agent under test: fixture sysfs trees, pods for its pods file, and a running agent beside
+a fake kubelet (`support.fake_kubelet`)."""
 
 from __future__ import annotations
 
@@ -13,17 +14,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from fake_kubelet import FakeKubelet, FakePodResources
-
 from railyard.agent.agent import Agent, AgentOptions
 from railyard.agent.config import AgentConfig
-from railyard.agent.pods import PodsFile
-from railyard.allocation.names import ALLOCATION_ANNOTATION
-from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
+from railyard.allocation.types import Allocation
 from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import build_topology, profile
-from railyard.records.allocation import encode_allocation
+from railyard.kubelet.pods import PodsFile
 from railyard.topology.model import NodeTopology
+from support import pods
+from support.allocations import allocation
+from support.fake_kubelet import FakeKubelet, FakePodResources
+
+__all__ = ["GPU", "NODE", "PF", "VF", "Rig", "allocation", "async_test", "make_tree", "pod",
+           "rig", "topology", "write_pods"]
 
 NODE = "node-a"
 GPU, VF, PF = "nvidia.com/gpu", "railyard.dev/vf", "railyard.dev/pf"
@@ -45,46 +48,13 @@ def topology(name: str = "generic", vfs_per_pf: int = 4) -> NodeTopology:
     return build_topology(profile(name), vfs_per_pf=vfs_per_pf, node=NODE)
 
 
-def allocation(topo: NodeTopology, pairs: list[tuple[int, str]], *, nics: tuple[str, ...] = (),
-               decided_at: str = "2026-01-01T00:00:00Z", node: str = NODE) -> Allocation:
-    """GPU index → NIC PCI address (a VF, or a PF for a whole PF) pairs."""
-    def nic_ref(pci: str) -> NicRef:
-        for n in topo.nics:
-            if n.pci_address == pci:
-                return NicRef.of_pf(n)
-            for v in n.vfs:
-                if v.pci_address == pci:
-                    return NicRef.of_vf(n, v)
-        raise KeyError(pci)
-
-    out = []
-    for gi, pci in pairs:
-        g = topo.gpus[gi]
-        ref = nic_ref(pci)
-        out.append(Pair(GpuRef.of(g), ref, topo.distance[g.pci_address][ref.pf_pci_address]))
-    return Allocation(node=node, numa_nodes=(0,), cpus=None, memory_bytes=(),
-                      pairs=tuple(out), nics=tuple(nic_ref(p) for p in nics),
-                      decided_at=decided_at)
-
-
 def pod(uid: str, containers: dict[str, dict[str, int]], *, alloc: Allocation | None = None,
         annotation: str | None = None, node: str | None = NODE, phase: str = "Pending",
         name: str | None = None, namespace: str = "team",
         created: str = "2026-01-01T00:00:00Z") -> dict:
-    annotations = {}
-    if alloc is not None:
-        annotations[ALLOCATION_ANNOTATION] = encode_allocation(alloc)
-    if annotation is not None:
-        annotations[ALLOCATION_ANNOTATION] = annotation
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"uid": uid, "name": name or uid, "namespace": namespace,
-                     "annotations": annotations, "creationTimestamp": created},
-        "spec": {"nodeName": node, "containers": [
-            {"name": c, "resources": {"limits": {r: str(n) for r, n in res.items()}}}
-            for c, res in containers.items()]},
-        "status": {"phase": phase},
-    }
+    """A pod as the agent's pods file lists it: bound to the test node, Pending, in "team"."""
+    return pods.pod(uid, containers, alloc=alloc, annotation=annotation, node=node,
+                    phase=phase, name=name, namespace=namespace, created=created)
 
 
 def write_pods(path: Path, pods: list[dict]) -> None:

@@ -1,5 +1,9 @@
 """What the CNI service keeps on disk, under `<state_dir>/cni/`, so DEL works after any crash.
 
+Node state beside the pod records (`railyard.node.state`), in the same folder and with the same
+discipline: writes through `railyard.node.files`, locks through `railyard.node.locks`, failures
+as `StateError(path, reason)` (the CNI turns them into its error codes).
+
 - `attachments/<network>/<container id>:<ifname>.json`: one record per attachment, written
   before the first device moves and updated after each step, so a DEL (or the rollback of a
   failed ADD) knows every device's original name, MAC and MTU and which IPAM calls to undo.
@@ -7,25 +11,24 @@
   recorded in use by a namespace that still exists is never handed to another attachment.
 - `locks/<pci>.lock`: flock per device, as sriov-cni does, taken in address order.
 
-Every write is temp + rename; records are msgspec structs, decoded with validation.
+Every write is temp + rename, without fsync (decision 0042); records are msgspec structs,
+decoded with validation.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import os
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 
-from railyard.cni.spec import CniError, Code
-from railyard.files import write_atomic
+from railyard.node.errors import LockBusy, StateError
+from railyard.node.files import write_atomic
+from railyard.node.locks import FileLocks
 
 RECORD_VERSION = 1
+FOLDER, ATTACHMENTS = "cni", "attachments"  # <state_dir>/cni/attachments/
 
 
 class MovedDevice(msgspec.Struct, kw_only=True):
@@ -94,19 +97,42 @@ def _write_atomic(path: Path, body: bytes) -> None:
     write_atomic(path, body)
 
 
-class CniStore:
+def attached_pods(state_dir: str | os.PathLike[str]) -> set[str]:
+    """The pods that any readable attachment record in `state_dir` names: the CNI may still
+    have to DEL them, so the agent keeps their pod records (docs/agent.md). Creates nothing."""
+    uids = set()
+    for path in sorted((Path(state_dir) / FOLDER / ATTACHMENTS).glob("*/*.json")):
+        try:
+            rec = msgspec.json.decode(path.read_bytes(), type=AttachmentRecord)
+        except (OSError, msgspec.DecodeError):
+            continue
+        if rec.pod_uid:
+            uids.add(rec.pod_uid)
+    return uids
+
+
+class DeviceBusy(LockBusy):
+    """Another call holds a device's lock for longer than this one would wait."""
+
+    def __init__(self, path: str | os.PathLike[str], pci: str, timeout_s: float) -> None:
+        super().__init__(path, f"device {pci} is busy (another CNI call holds its lock for "
+                               f"more than {timeout_s:g} s)")
+        self.pci = pci
+
+
+class AttachmentStore:
     """The attachment records, in-use notes and device locks below one state folder."""
 
     def __init__(self, state_dir: str | os.PathLike[str]) -> None:
-        self.root = Path(state_dir) / "cni"
-        self.attachments = self.root / "attachments"
+        self.root = Path(state_dir) / FOLDER
+        self.attachments = self.root / ATTACHMENTS
         self.in_use_dir = self.root / "in-use"
         self.locks_dir = self.root / "locks"
         for d in (self.attachments, self.in_use_dir, self.locks_dir):
             try:
                 d.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as e:
-                raise CniError(Code.IO, f"state folder {d}: {e.strerror}") from None
+                raise StateError(d, f"state folder: {e.strerror}") from None
 
     # ------------------------------------------------------------------ attachments
 
@@ -123,11 +149,11 @@ class CniStore:
         except FileNotFoundError:
             return None
         except OSError as e:
-            raise CniError(Code.IO, f"{path}: {e.strerror}") from None
+            raise StateError(path, str(e.strerror)) from None
         try:
             return msgspec.json.decode(data, type=AttachmentRecord)
         except msgspec.DecodeError as e:
-            raise CniError(Code.IO, f"{path}: unreadable attachment record: {e}") from None
+            raise StateError(path, f"unreadable attachment record: {e}") from None
 
     def save(self, rec: AttachmentRecord) -> None:
         path = self._path(rec.network, rec.container_id, rec.ifname)
@@ -135,7 +161,7 @@ class CniStore:
             path.parent.mkdir(exist_ok=True, mode=0o700)
             _write_atomic(path, _encoder.encode(rec))
         except OSError as e:
-            raise CniError(Code.IO, f"{path}: {e.strerror}") from None
+            raise StateError(path, str(e.strerror)) from None
 
     def remove(self, rec: AttachmentRecord) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -148,7 +174,7 @@ class CniStore:
         for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
             try:
                 rec = self._read(path)
-            except CniError:
+            except StateError:
                 continue
             if rec is not None:
                 out.append(rec)
@@ -169,7 +195,8 @@ class CniStore:
         try:
             _write_atomic(self.in_use_dir / f"{pci}.json", _encoder.encode(note))
         except OSError as e:
-            raise CniError(Code.IO, f"in-use note for {pci}: {e.strerror}") from None
+            raise StateError(self.in_use_dir / f"{pci}.json",
+                             f"in-use note for {pci}: {e.strerror}") from None
 
     def in_use_notes(self) -> list[tuple[str, InUse]]:
         out = []
@@ -194,33 +221,14 @@ class CniStore:
 
     # ------------------------------------------------------------------ locks
 
-    @contextlib.contextmanager
-    def locked(self, pcis: list[str] | tuple[str, ...], timeout_s: float) -> Iterator[None]:
-        """flock every device's lock file, in address order (no deadlock between two ADDs).
+    def lock_devices(self, pcis: list[str] | tuple[str, ...], timeout_s: float) -> FileLocks:
+        """flock every device's lock file, in address order (no deadlock between two ADDs);
+        held until the returned locks are released (or their `with` block ends).
 
-        flock belongs to the open file description, so two threads of the service exclude
-        each other as two processes do.
+        DeviceBusy when one stays held by another call for `timeout_s`; nothing stays held.
         """
-        fds: list[int] = []
-        deadline = time.monotonic() + timeout_s
+        order = sorted(set(pcis))
         try:
-            for pci in sorted(set(pcis)):
-                fd = os.open(self.locks_dir / f"{pci}.lock",
-                             os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                fds.append(fd)
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
-                    except OSError as e:
-                        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                            raise
-                        if time.monotonic() >= deadline:
-                            raise CniError(Code.TRY_AGAIN,
-                                           f"device {pci} is busy (another CNI call holds its "
-                                           f"lock for more than {timeout_s:g} s)") from None
-                        time.sleep(0.005)
-            yield
-        finally:
-            for fd in fds:
-                os.close(fd)  # closing releases the flock
+            return FileLocks((self.locks_dir / f"{pci}.lock" for pci in order), timeout_s)
+        except LockBusy as e:
+            raise DeviceBusy(e.path, Path(e.path).stem, timeout_s) from None
