@@ -1,4 +1,4 @@
-"""An independent, exhaustive reference for the allocator's key (ARCHITECTURE.md, items 1–7).
+"""An independent, exhaustive reference for the allocator's key (docs/allocation.md, items 1–7).
 
 Slow on purpose: it enumerates every GPU set, every GPU→PF pairing and every way to take
 VFs and whole PFs, with no bounds and no ordering tricks, and computes the key of each
@@ -48,8 +48,8 @@ class Node:
         self.whole_ok: dict[str, bool] = {}
         for n in t.nics:
             port = n.port_state is None or n.port_state.upper().endswith("ACTIVE")
-            # ARCHITECTURE.md: an RDMA VF (not vfio-pci, bound or with an RDMA device) is
-            # offered while in the host view; one that left it is held by some pod.
+            # docs/allocation.md, "What is offered": an RDMA VF (not vfio-pci, bound or with an
+            # RDMA device) is offered while in the host view; one that left it is held by a pod.
             in_view = [v for v in n.vfs if v.netdev is not None or v.rdma_device is not None]
             offered = [v for v in in_view if v.is_rdma]
             held = any(v.is_rdma and v not in in_view for v in n.vfs)

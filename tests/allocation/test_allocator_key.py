@@ -2,7 +2,7 @@
 
 Topologies are built directly (a few GPUs, PFs and VFs, random distances and NUMA nodes,
 some VFs bound to vfio-pci or inside pods, ports down, a default-route PF), so every rule
-of ARCHITECTURE.md's allocator section is exercised, not only the shapes of real servers.
+of docs/allocation.md's key is exercised, not only the shapes of real servers.
 """
 
 from __future__ import annotations

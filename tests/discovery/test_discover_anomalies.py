@@ -1,4 +1,4 @@
-"""Discovery survives what real machines do: every anomaly of shared/reference/sysfs.md."""
+"""Discovery survives what real machines do: VFs gone into pods, VFIO drivers, odd files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Our .proto files match kubelet's wire tables (shared/reference/kubelet.md) exactly."""
+"""Our .proto files match kubelet's published API (k8s.io/kubelet/pkg/apis/…) exactly."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Allocations in Koordinator's device-allocated form (shared/reference/koordinator.md)."""
+"""Allocations in Koordinator's `scheduling.koordinator.sh/device-allocated` form."""
 
 from __future__ import annotations
 

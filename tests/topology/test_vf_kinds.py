@@ -1,4 +1,4 @@
-"""Which VFs are RDMA VFs (ARCHITECTURE.md, "Allocatable devices"), from what the host sees."""
+"""Which VFs are RDMA VFs (docs/allocation.md, "What is offered"), from what the host sees."""
 
 from __future__ import annotations
 

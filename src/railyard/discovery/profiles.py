@@ -1,4 +1,4 @@
-"""Hardware profiles: real server shapes (`shared/reference/hardware.md`) as data.
+"""Hardware profiles: real server shapes (DGX and HGX systems, generic nodes) as data.
 
 One spec per profile feeds two builders: `build_topology` (the model, in memory) and the
 fake-sysfs writer in `railyard.discovery.fixture` (a tree discovery cannot tell from a real

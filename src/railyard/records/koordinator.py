@@ -1,6 +1,6 @@
 """An Allocation in Koordinator's `scheduling.koordinator.sh/device-allocated` form.
 
-For clusters that also run Koordinator (shared/reference/koordinator.md): its GPU and RDMA
+For clusters that also run Koordinator (its deviceshare plugin and koordlet): its GPU and RDMA
 lists are independent, so the pairing is lost in this form; Railyard's own record keeps it.
 Koordinator numbers an RDMA device by the N of its PF's `mlx5_N` name (-1 for any other
 driver, as koordlet does) and a GPU by its minor, which here is the GPU index. Railyard

@@ -1,8 +1,8 @@
 """kube-scheduler's extender messages (extender/v1) as msgspec types, plus the Pod facts we use.
 
 The Go structs have no json tags, so the keys are the Go field names, capitalised
-(`shared/reference/scheduler-extender.md`). msgspec decodes the large Pod and node lists in
-C and reports type errors with a JSON path, which becomes the `Error` a user reads.
+(k8s.io/kube-scheduler/extender/v1; docs/scheduler.md). msgspec decodes the large Pod and
+node lists in C and reports type errors with a JSON path, which becomes the `Error` a user reads.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from railyard.allocation.types import Allocation
 from railyard.topology.model import GDR_LIMIT, Distance, NodeTopology
 
 # Bus-bandwidth factor of one rank by its GPU↔NIC class, relative to an aligned pair.
-# Sources (shared/reference/hardware.md, "Why pairing matters"): GPUDirect RDMA is used up to
+# Sources (docs/simulator.md, "The metrics"; decision 0052): GPUDirect RDMA is used up to
 # PXB (NCCL_NET_GDR_LEVEL), so PIX and PXB run at full rate; a CPU-attached NIC gave ~16 GB/s
 # instead of ~24 GB/s (PHB ≈ 0.67); without GDR NCCL maintainers expect "~half the
 # performance" (NODE = 0.5); a cross-NUMA setup halved bus bandwidth and also crosses the

@@ -1,6 +1,6 @@
 """Baseline placement policies, each a real implementation on Railyard's own `Ledger`.
 
-They decide what today's stacks decide (`shared/reference/landscape.md`, `koordinator.md`):
+They decide what today's stacks decide (docs/simulator.md, "The policies"):
 a node, then GPUs and VFs, without pairing them. Every decision goes through `Ledger.add`, so
 double allocation is as impossible for them as for Railyard. Random choices come from a
 seeded generator and sorted candidate lists, so a seed reproduces every decision.
@@ -198,7 +198,7 @@ class BestFitPolicy(DevicePolicy):
 
 
 class KoordinatorPolicy(DevicePolicy):
-    """Koordinator's deviceshare joint allocation as published (shared/reference/koordinator.md).
+    """Koordinator's deviceshare joint allocation as published (docs/simulator.md, "The policies").
 
     GPUs first (whole free GPUs score alike, so the lowest minors), then for each GPU a VF of a
     NIC on the GPU's root bus (`pcieID`), round-robin over those NICs; LeastAllocated node

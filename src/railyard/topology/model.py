@@ -144,7 +144,7 @@ class Vf:
         """An RDMA VF has an RDMA device, or is bound to a driver while out of the host view.
 
         A VF whose netdev and RDMA device have both left the host has moved into a pod, which
-        only happens to RDMA VFs we handed out (ARCHITECTURE.md, "Allocatable devices"). A VF
+        only happens to RDMA VFs we handed out (docs/allocation.md, "What is offered"). A VF
         whose netdev is still on the host but which has no RDMA device (an iavf VF of an
         E810, an mlx5 VF with RDMA disabled) serves no RDMA; neither does one bound to a VFIO
         driver (a VM or DPDK holds it) or to no driver at all.
