@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 
 from railyard.allocation.allocator import Allocator, allocate
-from railyard.allocation.explain import NODE
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request, parse_request_spec
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef
@@ -408,16 +407,16 @@ def test_memoised_reason_names_each_node_itself():
         assert result.reason == f"9 GPUs requested but {name} has 8"
 
 
-def test_a_reason_naming_the_node_carries_a_template_for_other_nodes_of_its_group():
+def test_a_reason_naming_the_node_carries_a_refusal_for_other_nodes_of_its_group():
     """The extender answers a whole group from one member's reason. Putting another name in
     by rewriting the asked node's name as a word also rewrote other words equal to it (node
-    "9": "9 GPUs requested but 9 has 8"); the template marks where the name stands."""
+    "9": "9 GPUs requested but 9 has 8"); the refusal it came from names no node."""
     t = topo("dgx-h100", node="9")
     result = Allocator().allocate(t, Ledger(t), Request(gpus=9))
     assert isinstance(result, Infeasible)
     assert result.reason == "9 GPUs requested but 9 has 8"
-    assert result.template is not None
-    assert result.template.replace(NODE, "n2") == "9 GPUs requested but n2 has 8"
+    assert result.refusal is not None
+    assert result.refusal.at("n2").reason == "9 GPUs requested but n2 has 8"
 
 
 def test_memo_names_each_nodes_own_devices_for_a_shared_shape():

@@ -1,6 +1,6 @@
 """The joint allocator: GPUs, RDMA VFs/PFs, CPUs and memory on one node, with GPU↔NIC pairs.
 
-`Allocator.allocate` minimises the key of ARCHITECTURE.md exactly (`allocation.search`) and
+`Allocator.allocate` minimises the key of docs/allocation.md exactly (`allocation.search`) and
 turns the abstract answer into devices: the lowest free VF index of each chosen PF and the
 lowest free CPUs of each chosen NUMA node. Answers are memoised by (node shape, free-state
 signature, request shape): thousands of nodes share a few signatures, so a cluster-wide
@@ -10,11 +10,10 @@ filter searches each signature once. `node_score` ranks nodes for the extender.
 from __future__ import annotations
 
 import operator
-from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Literal
 
-from railyard.allocation.explain import NODE, explain
+from railyard.allocation.explain import explain
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
 from railyard.allocation.search import Choice, Spec, feasible, search
@@ -26,7 +25,7 @@ from railyard.allocation.shape import (
     free_state,
     same_shape,
 )
-from railyard.allocation.types import Allocation, Infeasible, NicRef, Pair
+from railyard.allocation.types import Allocation, Infeasible, NicRef, Pair, Refusal
 from railyard.topology.cpus import format_cpulist
 from railyard.topology.model import Distance, NodeTopology
 
@@ -56,10 +55,12 @@ class Allocator:
         self._by_parts: dict[tuple[int, ...], tuple[tuple, NodeShape]] = {}
         self._shape_ids: dict[tuple, int] = {}  # full shape key -> small int for memo keys
         self._caches: dict[tuple, ShapeCaches] = {}
-        self._memo: dict[tuple, Choice | Infeasible] = {}
+        # Answers name no node (a `Refusal`, not an `Infeasible`): one serves every node of
+        # the group.
+        self._memo: dict[tuple, Choice | Refusal] = {}
         # Same key as `_memo`: the memoised answer with everything but the free VFs and
         # CPUs worked out, in shape indices (so valid for every node of the shape).
-        self._plans: dict[tuple, _Plan | Infeasible] = {}
+        self._plans: dict[tuple, _Plan | Refusal] = {}
         self._scores: dict[tuple, int] = {}
 
     # ------------------------------------------------------------------ public
@@ -73,15 +74,15 @@ class Allocator:
         plan = self._plans.get(key)
         if plan is None:
             decided = self._decide(shape, group, ledger, request)
-            plan = decided if isinstance(decided, Infeasible) else _plan(shape, decided, request)
+            plan = decided if isinstance(decided, Refusal) else _plan(shape, decided, request)
             if len(self._plans) >= _MEMO_LIMIT:
                 self._plans.clear()
             self._plans[key] = plan
-        if isinstance(plan, Infeasible):
-            return _named(plan, topology)
+        if isinstance(plan, Refusal):
+            return plan.at(topology.node)
         return _concrete(shape, ledger, plan)
 
-    def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> Hashable:
+    def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> tuple:
         """Nodes with equal keys get equal answers to every request (up to their names).
 
         The one definition of "same machine, same free state": the shape id (hardware and
@@ -110,11 +111,11 @@ class Allocator:
             return score
         shape = self.shape(topology)
         decided = self._decide(shape, group, ledger, request)
-        if isinstance(decided, Infeasible):
+        if isinstance(decided, Refusal):
             score = 0
         else:
             ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request)
-            same = not isinstance(ideal, Infeasible) and decided.key[:5] == ideal.key[:5]
+            same = not isinstance(ideal, Refusal) and decided.key[:5] == ideal.key[:5]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
             if worst <= Distance.PIX:
                 tier = 5 if same else 4
@@ -161,7 +162,7 @@ class Allocator:
     # ------------------------------------------------------------------ memo
 
     def _decide(self, shape: NodeShape, group: tuple, ledger: Ledger | None,
-                request: Request) -> Choice | Infeasible:
+                request: Request) -> Choice | Refusal:
         key = (group, request.shape)
         hit = self._memo.get(key)
         if hit is not None:
@@ -171,8 +172,7 @@ class Allocator:
         if found is None:
             empty = free if ledger is None else empty_state(shape)
             unresolvable = ledger is None or not feasible(shape, empty, request)
-            hit = Infeasible(explain(shape, empty if unresolvable else free, request),
-                             unresolvable=unresolvable)
+            hit = explain(shape, empty if unresolvable else free, request, unresolvable)
         else:
             hit = found
         if len(self._memo) >= _MEMO_LIMIT:
@@ -207,14 +207,6 @@ def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,
     else:
         level = 0
     return level if packing == "binpack" else levels - 1 - level
-
-
-def _named(result: Infeasible, topology: NodeTopology) -> Infeasible:
-    """A memoised reason with this node's own name in it."""
-    if NODE not in result.reason:
-        return result
-    return Infeasible(result.reason.replace(NODE, topology.node), result.unresolvable,
-                      template=result.reason)
 
 
 def _odd_used(shape: NodeShape, ledger: Ledger) -> tuple:

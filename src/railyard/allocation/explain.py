@@ -11,12 +11,10 @@ from dataclasses import replace
 from railyard.allocation.request import Request
 from railyard.allocation.search import Spec, feasible, vfs_beside_whole
 from railyard.allocation.shape import FreeState, NodeShape
+from railyard.allocation.types import Refusal
 from railyard.topology.model import Distance
 
 _MAX_LISTED = 4
-# Stands for the node's name in a reason: one memoised reason serves every node of a shape,
-# and the allocator puts each node's own name in (`Allocator.allocate`).
-NODE = "\x00node\x00"
 
 
 def _plural(n: int, word: str) -> str:
@@ -152,12 +150,19 @@ def _single_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
             + (f" ({_listed(have)})" if have else ""))
 
 
-def explain(shape: NodeShape, free: FreeState, request: Request) -> str:
-    """The first constraint that fails on this node, and where."""
+def explain(shape: NodeShape, free: FreeState, request: Request,
+            unresolvable: bool = False) -> Refusal:
+    """The first constraint that fails on this node, and where. Names no node: one answer
+    serves every node of the shape (`Refusal.at` adds the name)."""
+    if request.gpus > len(shape.gpus):
+        return Refusal(_plural(request.gpus, "GPU") + " requested", unresolvable,
+                       node_has=str(len(shape.gpus)))
+    return Refusal(_reason(shape, free, request), unresolvable)
+
+
+def _reason(shape: NodeShape, free: FreeState, request: Request) -> str:
     spec = Spec.of(request)
     nfree = free.gpus.bit_count()
-    if spec.gpus > len(shape.gpus):
-        return f"{_plural(spec.gpus, 'GPU')} requested but {NODE} has {len(shape.gpus)}"
     if spec.gpus > nfree:
         return f"{_plural(spec.gpus, 'GPU')} requested but only {nfree} of {len(shape.gpus)} free"
     vf_free = sum(free.vfs)

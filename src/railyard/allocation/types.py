@@ -116,9 +116,33 @@ class Infeasible:
 
     reason: str
     unresolvable: bool = False
-    # The reason with `explain.NODE` where the node's name stands, when it names the node:
-    # one memoised answer serves every node of a group, each with its own name put in.
-    template: str | None = field(default=None, compare=False, repr=False)
+    # The memoised refusal this answer was written from, when it came from one: the same
+    # for every node of the group (shape, free state), so whoever answers for other nodes
+    # of the group writes each one's own answer with `refusal.at(node)`.
+    refusal: Refusal | None = field(default=None, compare=False, repr=False)
 
     def __bool__(self) -> bool:  # an Infeasible is never a success
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request does not fit any node of one shape and free state: what memos keep.
+
+    It names no node, so one refusal serves a whole group; `at(node)` is one node's
+    `Infeasible`. A reason about the node's own size (`node_has`) gets the node's name
+    there and then, as a separate field, never by rewriting a memoised text.
+    """
+
+    reason: str
+    unresolvable: bool = False
+    node_has: str | None = None  # set: the sentence goes on "but <node> has <node_has>"
+
+    def text(self, node: str) -> str:
+        """The reason as said about `node`."""
+        if self.node_has is None:
+            return self.reason
+        return f"{self.reason} but {node} has {self.node_has}"
+
+    def at(self, node: str) -> Infeasible:
+        return Infeasible(self.text(node), self.unresolvable, refusal=self)

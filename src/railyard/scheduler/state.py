@@ -13,23 +13,21 @@ import operator
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from railyard.allocation.allocator import Allocator
-from railyard.allocation.explain import NODE
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
-from railyard.allocation.types import Allocation, Infeasible
+from railyard.allocation.types import Allocation, Infeasible, Refusal
 from railyard.records.allocation import format_decided_at
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
 
 # Answers kept per group; a group sees few request shapes, so this is rarely reached.
 _ANSWERS_PER_GROUP = 256
-_MISSING = object()
 
 
 class NodeAllocator(Protocol):
@@ -58,50 +56,32 @@ class _Group:
     """Identity of the allocator's `group_key` (shape, free state). Nodes hold a reference,
     so grouping a name costs a hash of this object, not of the nested signature tuple.
 
-    `answers` keeps the allocator's verdicts and scores for this group by request shape:
-    the allocator memoises by the same key, but reaching its memo costs a signature
-    computation per call; reaching this one costs a dict lookup.
+    `answers` is the extender's memo: the allocator's answer for this group by request
+    shape. The allocator memoises by the same key, but reaching its memo costs a signature
+    computation per call; reaching this one costs a dict lookup, once per group per call
+    (docs/decisions/0028).
     """
 
     __slots__ = ("__weakref__", "answers", "key")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
-        self.answers: dict[tuple, _Verdict | int | None] = {}
+        self.answers: dict[tuple, _Answer] = {}
 
 
 @dataclass(frozen=True, slots=True)
-class _Verdict:
-    """An Infeasible answered for a whole group. The allocator may name the node it was
-    asked about in the reason; each member gets the reason with its own name, put in where
-    the allocator's template (`Infeasible.template`) holds the node's place. Rewriting the
-    asked node's name as a word instead also rewrote any other word equal to it ("1")."""
+class _Answer:
+    """What the allocator said about a group for one request shape. Filter asks whether the
+    pod fits, prioritize its score; each part is filled when first asked (None until then).
+    Names no node: `refusal.at(name)` writes each member's own reason."""
 
-    reason: str
-    unresolvable: bool
-    template: str | None  # the reason with `explain.NODE` for the node's name, when named
-
-    @classmethod
-    def of(cls, result: Infeasible) -> _Verdict:
-        return cls(result.reason, result.unresolvable, result.template)
-
-    def reason_for(self, node: str) -> str:
-        if self.template is None:
-            return self.reason
-        return self.template.replace(NODE, node)
+    fits: bool | None = None
+    refusal: Refusal | None = None  # why not, when `fits` is False
+    score: int | None = None  # 0–10
 
 
-class _UnknownNode:
-    """The verdict for names without a topology."""
-
-    unresolvable = True
-
-    @staticmethod
-    def reason_for(node: str) -> str:
-        return unknown_node_reason(node)
-
-
-_UNKNOWN: Any = _UnknownNode()
+# Stands for the refusal of names without a topology (`unknown_node_reason`).
+_UNKNOWN = Refusal("unknown node", unresolvable=True)
 
 
 class _Node:
@@ -237,49 +217,61 @@ class ClusterState:
         some_member.pop(None, None)  # type: ignore[call-overload]
         return of_name, some_member  # type: ignore[return-value]
 
-    def _answer(self, g: _Group, member: str, request: Request, key: tuple) -> Any:
-        """The allocator's verdict (None: fits) or score for a group; `key` is
-        (is a score, request shape). `member` is a node of the group."""
-        hit = g.answers.get(key, _MISSING)
-        if hit is not _MISSING:
-            return hit
+    def _answer(self, g: _Group, member: str, request: Request, score: bool) -> _Answer:
+        """The allocator's answer for a group with the part asked for filled in: the score
+        (`score`), else whether the pod fits. `member` is a node of the group."""
+        shape = request.shape
+        known = g.answers.get(shape)
+        if known is not None and (known.score if score else known.fits) is not None:
+            return known
         node = self._nodes[member]
         topology, empty = node.topology, node.empty
         if g is empty:
-            return self._ask(g, self._blank[empty], topology, request, key)
+            return self._ask(g, self._blank[empty], topology, request, score)
         with node.lock:
             ledger = node.ledger
             moved = ledger is None or self._group_of_name.get(member) is not g
-            if not moved:
+            if ledger is not None and not moved:
                 free_gpus = len(topology.gpus) - len(ledger.used_gpus)
                 if request.gpus <= free_gpus:
-                    return self._ask(g, ledger, topology, request, key)
+                    return self._ask(g, ledger, topology, request, score)
         if moved:  # another thread changed the node meanwhile: answer, keep nothing here
-            return self._answer(self._group_of_name[member], member, request, key)
+            return self._answer(self._group_of_name[member], member, request, score)
         # Too few GPUs left, whatever the topology: no search needed. Whether the node could
         # ever host the pod is the empty node's answer (asked once per shape).
-        never = self._answer(empty, member, request, (False, key[1]))
-        answer = 0 if key[0] else never or _Verdict(
-            f"{request.gpus} GPUs requested but only {free_gpus} of {len(topology.gpus)} free",
-            unresolvable=False, template=None)
-        return self._keep_answer(g, key, answer)
+        never = self._answer(empty, member, request, score=False).refusal
+        if score:
+            return self._keep(g, shape, score=0)
+        return self._keep(g, shape, fits=False, refusal=never or Refusal(
+            f"{request.gpus} GPUs requested but only {free_gpus} of {len(topology.gpus)} free"))
 
     def _ask(self, g: _Group, ledger: Ledger, topology: NodeTopology, request: Request,
-             key: tuple) -> Any:
-        if key[0]:
-            answer: Any = max(0, min(10, int(
-                self.allocator.node_score(topology, ledger, request))))
-        else:
-            result = self.allocator.allocate(topology, ledger, request)
-            answer = _Verdict.of(result) if isinstance(
-                result, Infeasible) else None
-        return self._keep_answer(g, key, answer)
+             score: bool) -> _Answer:
+        if score:
+            value = max(0, min(10, int(self.allocator.node_score(topology, ledger, request))))
+            return self._keep(g, request.shape, score=value)
+        result = self.allocator.allocate(topology, ledger, request)
+        if not isinstance(result, Infeasible):
+            return self._keep(g, request.shape, fits=True)
+        # The allocator's own refusal names no node. An Infeasible without one (another
+        # allocator) is kept as it was said about `topology`'s node.
+        refusal = result.refusal or Refusal(result.reason, result.unresolvable)
+        return self._keep(g, request.shape, fits=False, refusal=refusal)
 
     @staticmethod
-    def _keep_answer(g: _Group, key: tuple, answer: Any) -> Any:
+    def _keep(g: _Group, shape: tuple, *, fits: bool | None = None,
+              refusal: Refusal | None = None, score: int | None = None) -> _Answer:
+        """Keep the part of a group's answer just learned beside the part already known."""
+        known = g.answers.get(shape)
+        if known is None:
+            answer = _Answer(fits, refusal, score)
+        elif score is None:
+            answer = replace(known, fits=fits, refusal=refusal)
+        else:
+            answer = replace(known, score=score)
         if len(g.answers) >= _ANSWERS_PER_GROUP:
             g.answers.clear()
-        g.answers[key] = answer
+        g.answers[shape] = answer
         return answer
 
     # ------------------------------------------------------------------ questions
@@ -306,24 +298,28 @@ class ClusterState:
             out.fits = names  # none of our resources: not ours to judge
             return out
         of_name, some_member = self._grouped(names)
-        key = (False, request.shape)
-        verdicts: dict[_Group | None, _Verdict | None] = {
-            g: self._answer(g, member, request, key) for g, member in some_member.items()}
+        # Per group, why the pod does not fit; None: it fits.
+        refusals: dict[_Group | None, Refusal | None] = {
+            g: self._answer(g, member, request, score=False).refusal
+            for g, member in some_member.items()}
         if None in of_name:
-            verdicts[None] = _UNKNOWN
+            refusals[None] = _UNKNOWN
         # Answer in the caller's order (kube-scheduler does not care, people reading do),
         # with C-level maps: at 5,000 names a Python loop per name is most of the cost.
-        of = list(map(verdicts.__getitem__, of_name))
+        of = list(map(refusals.__getitem__, of_name))
         good = list(map(operator.is_, of, itertools.repeat(None)))
         out.fits = list(itertools.compress(names, good))
         if len(out.fits) == len(names):
             return out
-        for name, verdict in itertools.compress(zip(names, of, strict=True),
+        for name, refusal in itertools.compress(zip(names, of, strict=True),
                                                 map(operator.not_, good)):
-            if verdict.unresolvable:
-                out.unresolvable[name] = verdict.reason_for(name)
+            assert refusal is not None
+            if refusal is _UNKNOWN:
+                out.unresolvable[name] = unknown_node_reason(name)
+            elif refusal.unresolvable:
+                out.unresolvable[name] = refusal.text(name)
             else:
-                out.failed[name] = verdict.reason_for(name)
+                out.failed[name] = refusal.text(name)
         return out
 
     def scores(self, request: Request, node_names: Iterable[str], *,
@@ -337,10 +333,11 @@ class ClusterState:
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
         of_name, some_member = self._grouped(names)
-        key = (True, request.shape)
-        score: dict[_Group | None, int] = {
-            g: self._answer(g, member, request, key) for g, member in some_member.items()}
-        score[None] = 0
+        score: dict[_Group | None, int] = {None: 0}
+        for g, member in some_member.items():
+            value = self._answer(g, member, request, score=True).score
+            assert value is not None
+            score[g] = value
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
 
     # ------------------------------------------------------------------ changes
