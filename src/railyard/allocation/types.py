@@ -137,6 +137,14 @@ class Refusal:
     reason: str
     unresolvable: bool = False
     node_has: str | None = None  # set: the sentence goes on "but <node> has <node_has>"
+    # The answer when it is the same for every node (no `node_has`), made once: a memoised
+    # `allocate` that says no costs ~1 µs, and building a frozen dataclass costs as much.
+    _anywhere: Infeasible | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.node_has is None:
+            object.__setattr__(self, "_anywhere",
+                               Infeasible(self.reason, self.unresolvable, refusal=self))
 
     def text(self, node: str) -> str:
         """The reason as said about `node`."""
@@ -145,4 +153,6 @@ class Refusal:
         return f"{self.reason} but {node} has {self.node_has}"
 
     def at(self, node: str) -> Infeasible:
+        if self._anywhere is not None:
+            return self._anywhere
         return Infeasible(self.text(node), self.unresolvable, refusal=self)

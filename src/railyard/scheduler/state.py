@@ -73,7 +73,7 @@ class _Group:
 class _Answer:
     """What the allocator said about a group for one request shape. Filter asks whether the
     pod fits, prioritize its score; each part is filled when first asked (None until then).
-    Names no node: `refusal.at(name)` writes each member's own reason."""
+    Names no node: `refusal.text(name)` writes each member's own reason."""
 
     fits: bool | None = None
     refusal: Refusal | None = None  # why not, when `fits` is False
@@ -217,46 +217,47 @@ class ClusterState:
         some_member.pop(None, None)  # type: ignore[call-overload]
         return of_name, some_member  # type: ignore[return-value]
 
-    def _answer(self, g: _Group, member: str, request: Request, score: bool) -> _Answer:
+    def _answer(self, g: _Group, member: str, request: Request, shape: tuple,
+                score: bool) -> _Answer:
         """The allocator's answer for a group with the part asked for filled in: the score
-        (`score`), else whether the pod fits. `member` is a node of the group."""
-        shape = request.shape
+        (`score`), else whether the pod fits. `member` is a node of the group; `shape` is
+        `request.shape` (built once per call, not once per group)."""
         known = g.answers.get(shape)
         if known is not None and (known.score if score else known.fits) is not None:
             return known
         node = self._nodes[member]
         topology, empty = node.topology, node.empty
         if g is empty:
-            return self._ask(g, self._blank[empty], topology, request, score)
+            return self._ask(g, self._blank[empty], topology, request, shape, score)
         with node.lock:
             ledger = node.ledger
             moved = ledger is None or self._group_of_name.get(member) is not g
             if ledger is not None and not moved:
                 free_gpus = len(topology.gpus) - len(ledger.used_gpus)
                 if request.gpus <= free_gpus:
-                    return self._ask(g, ledger, topology, request, score)
+                    return self._ask(g, ledger, topology, request, shape, score)
         if moved:  # another thread changed the node meanwhile: answer, keep nothing here
-            return self._answer(self._group_of_name[member], member, request, score)
+            return self._answer(self._group_of_name[member], member, request, shape, score)
         # Too few GPUs left, whatever the topology: no search needed. Whether the node could
         # ever host the pod is the empty node's answer (asked once per shape).
-        never = self._answer(empty, member, request, score=False).refusal
+        never = self._answer(empty, member, request, shape, score=False).refusal
         if score:
             return self._keep(g, shape, score=0)
         return self._keep(g, shape, fits=False, refusal=never or Refusal(
             f"{request.gpus} GPUs requested but only {free_gpus} of {len(topology.gpus)} free"))
 
     def _ask(self, g: _Group, ledger: Ledger, topology: NodeTopology, request: Request,
-             score: bool) -> _Answer:
+             shape: tuple, score: bool) -> _Answer:
         if score:
             value = max(0, min(10, int(self.allocator.node_score(topology, ledger, request))))
-            return self._keep(g, request.shape, score=value)
+            return self._keep(g, shape, score=value)
         result = self.allocator.allocate(topology, ledger, request)
         if not isinstance(result, Infeasible):
-            return self._keep(g, request.shape, fits=True)
+            return self._keep(g, shape, fits=True)
         # The allocator's own refusal names no node. An Infeasible without one (another
         # allocator) is kept as it was said about `topology`'s node.
         refusal = result.refusal or Refusal(result.reason, result.unresolvable)
-        return self._keep(g, request.shape, fits=False, refusal=refusal)
+        return self._keep(g, shape, fits=False, refusal=refusal)
 
     @staticmethod
     def _keep(g: _Group, shape: tuple, *, fits: bool | None = None,
@@ -299,8 +300,9 @@ class ClusterState:
             return out
         of_name, some_member = self._grouped(names)
         # Per group, why the pod does not fit; None: it fits.
+        shape = request.shape
         refusals: dict[_Group | None, Refusal | None] = {
-            g: self._answer(g, member, request, score=False).refusal
+            g: self._answer(g, member, request, shape, score=False).refusal
             for g, member in some_member.items()}
         if None in of_name:
             refusals[None] = _UNKNOWN
@@ -333,9 +335,10 @@ class ClusterState:
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
         of_name, some_member = self._grouped(names)
+        shape = request.shape
         score: dict[_Group | None, int] = {None: 0}
         for g, member in some_member.items():
-            value = self._answer(g, member, request, score=True).score
+            value = self._answer(g, member, request, shape, score=True).score
             assert value is not None
             score[g] = value
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
