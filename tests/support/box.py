@@ -1,0 +1,84 @@
+"""The test box (hack/kubebox.py) and the few helpers its tests share: a throwaway namespace, a
+busybox pod, and waiting with a named timeout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+
+def _load_kubebox() -> ModuleType:
+    """hack/kubebox.py is the script behind hack/box, not a package: load it by path."""
+    if "kubebox" in sys.modules:
+        return sys.modules["kubebox"]
+    path = Path(__file__).resolve().parents[2] / "hack" / "kubebox.py"
+    spec = importlib.util.spec_from_file_location("kubebox", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["kubebox"] = module  # dataclasses look their module up while it loads
+    spec.loader.exec_module(module)
+    return module
+
+
+kubebox = _load_kubebox()
+KWOK_NODES = 100  # the session box has these (tests/box/conftest.py)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, every: float = 0.5):
+    """Poll `check` until it returns something true; fail naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+
+
+def namespace(box) -> str:
+    """A fresh namespace for one test."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    box.kubectl("create", "namespace", name)
+    return name
+
+
+def pod(name: str, command: list[str], **spec: Any) -> dict:
+    """A busybox pod that runs `command` once."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": kubebox.BUSYBOX_IMAGE,
+                            "imagePullPolicy": "Never", "command": command}],
+            **spec,
+        },
+    }
+
+
+def get(box, *args: str) -> dict:
+    return json.loads(box.kubectl("get", *args, "-o", "json"))
+
+
+def phase(box, ns: str, name: str) -> str:
+    return get(box, "pod", name, "-n", ns).get("status", {}).get("phase", "")
+
+
+def run_to_success(box, ns: str, manifest: dict) -> str:
+    """Create a pod, wait until it Succeeded, return its log."""
+    name = manifest["metadata"]["name"]
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+    wait_for(f"pod {name} to succeed", lambda: phase(box, ns, name) == "Succeeded")
+    return box.kubectl("logs", "-n", ns, name)
