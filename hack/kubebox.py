@@ -39,6 +39,8 @@ GO_MODULES = HACK / "go"
 KUBE_VERSION = "v1.36.3"
 CONTAINERD_VERSION = "v2.2.9"
 KWOK_VERSION = "v0.8.0"
+MULTUS_VERSION = "v4.2.3"
+HELM_VERSION = "v4.3.2"
 KUBE_COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -139,6 +141,11 @@ class Family:
             return f"-X github.com/containerd/containerd/v2/version.Version={self.version}"
         if self.name == "kwok":
             return f"-X sigs.k8s.io/kwok/pkg/consts.Version={self.version}"
+        if self.name == "multus":
+            package = "gopkg.in/k8snetworkplumbingwg/multus-cni.v4/pkg/multus"
+            return f"-X {package}.version={self.version}"
+        if self.name == "helm":
+            return f"-X helm.sh/helm/v4/internal/version.version={self.version}"
         return ""
 
 
@@ -154,7 +161,12 @@ FAMILIES = {
         tags="no_btrfs",
     ),
     "kwok": Family("kwok", KWOK_VERSION, ("sigs.k8s.io/kwok/cmd/kwok",)),
+    "multus": Family("multus", MULTUS_VERSION,
+                     ("gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus",)),
+    "helm": Family("helm", HELM_VERSION, ("helm.sh/helm/v4/cmd/helm",)),
 }
+# What `up` needs; kwok, Multus and helm are built when a box or a test asks for them.
+BOX_FAMILIES = ("kube", "containerd")
 
 
 @contextlib.contextmanager
@@ -165,7 +177,7 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def build(families: tuple[str, ...] = ("kube", "containerd")) -> dict[str, Path]:
+def build(families: tuple[str, ...] = BOX_FAMILIES) -> dict[str, Path]:
     """Build what is missing into the cache (one builder at a time); return each family's bin."""
     built = {}
     with _locked(cache_root() / ".lock"):
@@ -232,7 +244,7 @@ def _write_kwok_stages(family: Family, staging: Path) -> None:
 # --- images --------------------------------------------------------------------------------
 
 
-def _tar_bytes(entries: list[tuple[str, bytes | str, int]]) -> bytes:
+def layer_tar(entries: list[tuple[str, bytes | str, int]]) -> bytes:
     """A layer: (path, file bytes or symlink target, mode) entries, deterministic."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -286,7 +298,7 @@ def write_image_archive(path: Path, name: str, layer: bytes, entrypoint: list[st
         ("index.json", json.dumps(index).encode(), 0o644),
     ]
     entries += [(f"blobs/sha256/{d.split(':')[1]}", data, 0o644) for d, data in blobs.items()]
-    path.write_bytes(_tar_bytes(entries))
+    path.write_bytes(layer_tar(entries))
 
 
 def build_images(kube_bin: Path, into: Path) -> dict[str, Path]:
@@ -299,7 +311,7 @@ def build_images(kube_bin: Path, into: Path) -> dict[str, Path]:
     write_image_archive(
         pause,
         PAUSE_IMAGE,
-        _tar_bytes([("pause", (kube_bin / "pause").read_bytes(), 0o755)]),
+        layer_tar([("pause", (kube_bin / "pause").read_bytes(), 0o755)]),
         ["/pause"],
     )
     applets: list[tuple[str, bytes | str, int]] = [
@@ -309,7 +321,7 @@ def build_images(kube_bin: Path, into: Path) -> dict[str, Path]:
     write_image_archive(
         box,
         BUSYBOX_IMAGE,
-        _tar_bytes([("bin/busybox", busybox.read_bytes(), 0o755), *applets]),
+        layer_tar([("bin/busybox", busybox.read_bytes(), 0o755), *applets]),
         ["/bin/sh"],
     )
     return {PAUSE_IMAGE: pause, BUSYBOX_IMAGE: box}
@@ -586,8 +598,7 @@ class Box:
         started = time.monotonic()
         if any(_alive(s.pid) for s in self.state.started):
             raise BoxError(f"a box is already up in {self.layout.dir}; run `hack/box down` first")
-        self.bins = build(("kube", "containerd", "kwok") if self.kwok_nodes else
-                          ("kube", "containerd"))
+        self.bins = build((*BOX_FAMILIES, "kwok") if self.kwok_nodes else BOX_FAMILIES)
         self.state = BoxState(kwok_nodes=self.kwok_nodes)
         for sub in ("logs", "pki", "config", "cni/net.d", "cni/bin", "cdi", "pod-logs"):
             (self.layout.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -1148,7 +1159,11 @@ def main(argv: list[str] | None = None) -> int:
         description="A real Kubernetes in a box for Railyard's tests (docs/testing.md).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("build", help="build the pinned components into the machine-wide cache")
+    build_command = commands.add_parser(
+        "build", help="build the pinned components into the machine-wide cache")
+    build_command.add_argument(
+        "families", nargs="*", metavar="FAMILY",
+        help=f"what to build: {', '.join(FAMILIES)} (default: all)")
     up = commands.add_parser("up", help="build what is missing, start a box, wait until ready")
     up.add_argument("--dir", type=Path, required=True, help="the box's folder (made if missing)")
     up.add_argument("--node-sysfs", type=Path,
@@ -1163,7 +1178,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the box needs root (network namespaces, mounts, cgroups)")
     try:
         if args.command == "build":
-            for name, path in build(tuple(FAMILIES)).items():
+            unknown = sorted(set(args.families) - set(FAMILIES))
+            if unknown:
+                parser.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
+            for name, path in build(tuple(args.families or FAMILIES)).items():
                 print(f"{name}: {path}")
             return 0
         args.dir.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ def test_stand_ins_cover_rdma_pfs_and_their_vfs_with_macs_a_veth_can_carry(tmp_p
 
 def test_an_image_archive_names_its_image_and_holds_its_layer(tmp_path):
     archive = tmp_path / "image.tar"
-    layer = kubebox._tar_bytes([("bin/tool", b"#!/bin/sh\n", 0o755)])
+    layer = kubebox.layer_tar([("bin/tool", b"#!/bin/sh\n", 0o755)])
     kubebox.write_image_archive(archive, "railyard.test/tool:box", layer, ["/bin/tool"])
     with tarfile.open(archive) as tar:
         index = json.load(tar.extractfile("index.json"))

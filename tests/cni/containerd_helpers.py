@@ -1,4 +1,5 @@
-"""A private containerd (Debian's 1.6) for CNI tests, and the few CRI calls they make.
+"""A private containerd (the test box's 2.x, built from its pinned Go module by hack/box) for
+CNI tests, and the few CRI calls they make.
 
 It gets its own root, state, socket and config, CNI config and bin folders of its own, a
 busybox "pause" image built here as an OCI layout (there is no registry), and runs inside a
@@ -10,20 +11,19 @@ namespace. CRI messages are encoded by hand (runtime.v1 field numbers from cri-a
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import os
 import shutil
 import signal
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from support.box import kubebox
 
 PAUSE_IMAGE = "railyard.test/pause:1"
 BUSYBOX = "/bin/busybox"
@@ -32,9 +32,11 @@ _CNI_PLUGINS = ("ptp", "host-local", "static", "loopback")
 
 def containerd_missing() -> str | None:
     """Why a private containerd cannot run here, or None."""
-    for tool in ("containerd", "ctr", "runc", "nsenter"):
+    for tool in ("runc", "nsenter"):
         if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install containerd runc busybox-static)"
+            return f"{tool} is not installed (apt-get install runc util-linux)"
+    if shutil.which("go") is None and not kubebox.FAMILIES["containerd"].out_dir().exists():
+        return "containerd 2.x is not built and Go is missing to build it (hack/box build)"
     if not os.path.exists(BUSYBOX):
         return f"{BUSYBOX} is missing (apt-get install busybox-static)"
     for p in _CNI_PLUGINS:
@@ -46,48 +48,11 @@ def containerd_missing() -> str | None:
 # ----------------------------------------------------------------------- the pause image
 
 
-def _blob(folder: Path, data: bytes) -> dict:
-    digest = hashlib.sha256(data).hexdigest()
-    (folder / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-    (folder / "blobs" / "sha256" / digest).write_bytes(data)
-    return {"digest": f"sha256:{digest}", "size": len(data)}
-
-
 def pause_image_archive(out: Path) -> Path:
-    """An OCI image layout (tar) whose only process sleeps: busybox-static as the rootfs."""
-    layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w") as tar:
-        for d in ("bin", "proc", "sys", "dev", "etc", "tmp"):
-            info = tarfile.TarInfo(d)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-        tar.add(BUSYBOX, arcname="bin/busybox")
-    layer_bytes = layer.getvalue()
-    root = out.parent / "oci-layout"
-    root.mkdir(parents=True, exist_ok=True)
-    layer_desc = _blob(root, layer_bytes)
-    config = {
-        "architecture": "amd64", "os": "linux",
-        "config": {"Entrypoint": ["/bin/busybox", "sleep", "2147483647"]},
-        "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
-    }
-    config_desc = _blob(root, json.dumps(config).encode())
-    manifest = {
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}],
-    }
-    manifest_desc = _blob(root, json.dumps(manifest).encode())
-    index = {"schemaVersion": 2, "manifests": [{
-        "mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
-        "annotations": {"io.containerd.image.name": PAUSE_IMAGE,
-                        "org.opencontainers.image.ref.name": "1"},
-        "platform": {"architecture": "amd64", "os": "linux"}}]}
-    (root / "index.json").write_text(json.dumps(index))
-    (root / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
-    with tarfile.open(out, "w") as tar:
-        for name in ("oci-layout", "index.json", "blobs"):
-            tar.add(root / name, arcname=name)
+    """An OCI image archive whose only process sleeps: busybox-static as the rootfs."""
+    layer = kubebox.layer_tar([("bin/busybox", Path(BUSYBOX).read_bytes(), 0o755)]
+                              + [(f"{d}/.keep", b"", 0o644) for d in ("proc", "sys", "dev", "tmp")])
+    kubebox.write_image_archive(out, PAUSE_IMAGE, layer, ["/bin/busybox", "sleep", "2147483647"])
     return out
 
 
@@ -176,31 +141,30 @@ class Cri:
 
 
 CONFIG = """\
-version = 2
+version = 3
 root = "{root}/root"
 state = "{root}/state"
 [grpc]
   address = "{address}"
 [ttrpc]
   address = "{address}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = "{root}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{image}"
-  disable_cgroup = true
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "native"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{image}"
+[plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   disable_apparmor = true
   netns_mounts_under_state_dir = true
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
-  [plugins."io.containerd.grpc.v1.cri".cni]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+    BinaryName = "{runc}"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
     conf_dir = "{root}/net.d"
-    bin_dir = "{root}/bin"
+    bin_dirs = ["{root}/bin"]
     max_conf_num = 1
 """
 
@@ -242,13 +206,17 @@ def private_containerd(root: Path, netns: str, shim: Path, conflist: dict,
     os.symlink(shim, bin_dir / "railyard-cni")
     address = str(root / "containerd.sock")
     config = root / "config.toml"
-    config.write_text(CONFIG.format(root=root, address=address, image=PAUSE_IMAGE))
+    config.write_text(CONFIG.format(root=root, address=address, image=PAUSE_IMAGE,
+                                    runc=shutil.which("runc")))
+    binaries = kubebox.build(("containerd",))["containerd"]  # reused from the cache when built
     log = root / "containerd.log"
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            ["nsenter", f"--net=/run/netns/{netns}", "containerd", "--config", str(config)],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-            start_new_session=True)
+            ["nsenter", f"--net=/run/netns/{netns}", str(binaries / "containerd"),
+             "--config", str(config)],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            # containerd finds its runc shim on PATH
+            env={**os.environ, "PATH": f"{binaries}:{os.environ['PATH']}", **(env or {})})
     cd = Containerd(root, address, netns, process, log)
     try:
         deadline = time.monotonic() + 30
@@ -257,8 +225,8 @@ def private_containerd(root: Path, netns: str, shim: Path, conflist: dict,
                 raise RuntimeError(f"containerd did not start:\n{cd.log_tail()}")
             time.sleep(0.1)
         archive = pause_image_archive(root / "pause.tar")
-        subprocess.run(["ctr", "--address", address, "-n", "k8s.io", "images", "import",
-                        "--platform", "linux/amd64", str(archive)],
+        subprocess.run([str(binaries / "ctr"), "--address", address, "-n", "k8s.io", "images",
+                        "import", "--platform", "linux/amd64", str(archive)],
                        check=True, capture_output=True, timeout=60)
         yield cd
     finally:
