@@ -197,7 +197,8 @@ def _build_family(family: Family, out: Path) -> None:
     (staging / "bin").mkdir(parents=True)
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=mod"}
     started = time.monotonic()
-    argv = ["go", "build", "-trimpath", "-ldflags", family.ldflags(), "-o", str(staging / "bin")]
+    argv = ["go", "build", "-v", "-trimpath", "-ldflags", family.ldflags(),
+            "-o", str(staging / "bin")]
     if family.tags:
         argv += ["-tags", family.tags]
     process = subprocess.Popen(
@@ -208,12 +209,19 @@ def _build_family(family: Family, out: Path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
-    tail = []
+    tail: list[str] = []
+    downloaded = compiled = 0
     assert process.stdout is not None
-    for line in process.stdout:
+    for line in process.stdout:  # `go build -v` names each package as it compiles it
         tail = [*tail[-40:], line.rstrip()]
-        if "downloading" in line:
-            say(line.strip())
+        if line.startswith("go: downloading"):
+            downloaded += 1
+            if downloaded % 100 == 1:
+                say(f"{family.name}: downloading modules ({downloaded} so far)")
+        elif not line.startswith(("#", " ", "\t")):
+            compiled += 1
+            if compiled % 250 == 0:
+                say(f"{family.name}: {compiled} packages compiled")
     if process.wait() != 0:
         shutil.rmtree(staging, ignore_errors=True)
         raise BoxError(f"go build of {family.name} failed:\n" + "\n".join(tail))
