@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.cni import plugin as plugin_module
+from railyard.cni import moves
 from railyard.cni.restore import fallback_name
 from support.cni import (
     Node,
@@ -195,13 +195,13 @@ def test_a_del_that_waited_for_a_running_add_releases_what_the_add_took(
     leases = tmp_path / "leases"
     path = _lease_ipam(tmp_path / "bin", leases)
     c = conf(ipam={"type": "lease-ipam"})
-    real = plugin_module.move_in
+    real = moves.move_in
 
     def slow_move_in(*a, **kw):
         time.sleep(1.5)  # a slow kernel move: widens the window the race needs
         return real(*a, **kw)
 
-    monkeypatch.setattr(plugin_module, "move_in", slow_move_in)
+    monkeypatch.setattr(moves, "move_in", slow_move_in)
     results = {}
     t = threading.Thread(target=lambda: results.setdefault("add", add(shim, pod, c, path=path)))
     t.start()

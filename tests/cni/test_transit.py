@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from railyard.cni import plugin as plugin_module
+from railyard.cni import moves
 from railyard.cni.restore import fallback_name
 from support.cni import Node, Pod, add, delete, links, record_path, sh, transit_names
 
@@ -92,7 +92,7 @@ def test_a_transit_name_taken_in_the_pod_moves_nothing(node: Node, shim, conf, m
     nics = node.vfs(2)
     before = node.snapshot()
     pod = node.pod(nics)
-    monkeypatch.setattr(plugin_module, "transit_name", lambda: "rytaken")
+    monkeypatch.setattr(moves, "transit_name", lambda: "rytaken")
     sh("ip", "-n", pod.netns, "link", "add", "rytaken", "type", "veth", "peer", "name",
        "rytakenpeer")
     r = add(shim, pod, conf())

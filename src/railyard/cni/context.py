@@ -1,0 +1,52 @@
+"""What every CNI verb works on: one node's attachment records, grants, RDMA, IPAM plugins and
+host namespace, with the node-side settings. `Plugin` (plugin.py) is this plus the entry point;
+the verbs (add.py, delete.py, check.py, gc.py, status.py) take it as their first argument.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from railyard.cni.grants import Grants, PodDevices
+from railyard.cni.ipam import Ipam
+from railyard.cni.netns import Netns
+from railyard.cni.rdma import RdmaNetns
+from railyard.node.attachments import AttachmentStore
+from railyard.node.paths import CNI_DEVINFO_DIR
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Node-side settings. Never read from a network config: whoever writes one (a namespace
+    user, through a NetworkAttachmentDefinition) must not choose where devices are looked up."""
+
+    sysfs_root: str = "/"
+    host_netns: str | None = None  # None: the service's own namespace
+    device_info_dir: str = CNI_DEVINFO_DIR
+    lock_timeout_s: float = 30.0
+
+
+class NodeContext:
+    """One node as the verbs see it. Thread-safe: each call runs on its caller's thread; calls
+    touching the same device serialise on that device's lock (records.lock)."""
+
+    def __init__(self, state_dir: str, grants: Grants, rdma: RdmaNetns, *,
+                 settings: Settings | None = None, pod_devices: PodDevices | None = None,
+                 ipam: Ipam | None = None) -> None:
+        self.settings = settings or Settings()
+        self.store = AttachmentStore(state_dir)
+        self.grants = grants
+        self.rdma = rdma
+        self.pod_devices = pod_devices
+        self.ipam = ipam or Ipam()
+        # Asked once at start: the kernel's mode changes only while no other netns exists.
+        self.rdma_mode = rdma.mode()
+        self.host = (Netns.open(self.settings.host_netns) if self.settings.host_netns
+                     else Netns.current())
+        # IPAM calls run here, concurrently with each other and with the devices' moves.
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="railyard-ipam")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        self.host.close()
