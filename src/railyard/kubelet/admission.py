@@ -9,6 +9,10 @@ in the state store, and consumption is noted per (pod, container, resource) as i
 - `allocate`: only the IDs kubelet passed; where they differ from the record, the record is
   rebuilt around them (`decidedBy: node`) and a warning is logged.
 - `check`: PodResources' account of what kubelet really assigned is the final word.
+
+What an `Allocate` decides about the record is `decision.decide_allocate`, a pure function;
+here are the inputs it needs (the pod, its record, a plan for a pod without one), the store
+write, and the grant built from its answer.
 """
 
 from __future__ import annotations
@@ -23,7 +27,14 @@ from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.names import ResourceNames
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, GpuRef, NicRef
-from railyard.kubelet.pairing import DeviceIndex, choose_local, pair_container, reconcile
+from railyard.kubelet.decision import (
+    KINDS,
+    AllocateDecision,
+    NodeDevices,
+    decide_allocate,
+    partners,
+)
+from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
 from railyard.kubelet.podresources import AssignedPod
 from railyard.kubelet.pods import PodSource, PodView
 from railyard.kubelet.resolver import (
@@ -43,13 +54,12 @@ from railyard.kubelet.response import (
     nic_grant,
     pairs_json,
 )
-from railyard.node.state import Consumed, PodKey, PodRecord, StateStore
+from railyard.node.state import PodKey, PodRecord, StateStore
 from railyard.records.allocation import format_decided_at
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
 
-KINDS: tuple[Kind, ...] = ("gpu", "vf", "pf")
 # Called after every Allocate with the resolved pod (None when none matched) and the grant.
 AfterAllocate = Callable[[PodView | None, ContainerGrant], None]
 
@@ -79,13 +89,14 @@ class Admission:
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
         self.served = frozenset(served)
+        self.devices = NodeDevices(topology, self.index, names, self.served)
         # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
         self._hint: dict[str, tuple[str, str, frozenset[str]]] = {}
 
     # ------------------------------------------------------------------ helpers
 
     def resource_of(self, kind: Kind) -> str:
-        return {"gpu": self.names.gpu, "vf": self.names.vf, "pf": self.names.pf}[kind]
+        return self.devices.resource_of(kind)
 
     def offered(self, kind: Kind) -> frozenset[str]:
         if self._offered is not None:
@@ -100,13 +111,6 @@ class Admission:
     @staticmethod
     def _key(pod: PodView) -> PodKey:
         return PodKey(pod.uid, pod.namespace, pod.name)
-
-    def _partners(self, alloc: Allocation, kind: Kind, mine: Iterable[str]) -> list[str]:
-        """The other side of the pairs holding `mine`: GPU IDs for NICs, NIC PCIs for GPUs."""
-        mine = set(mine)
-        if kind == "gpu":
-            return [p.nic.pci_address for p in alloc.pairs if p.gpu.device_id in mine]
-        return [p.gpu.device_id for p in alloc.pairs if p.nic.pci_address in mine]
 
     # ------------------------------------------------------------------ preferred
 
@@ -134,7 +138,7 @@ class Admission:
             answer = list(expected)
         else:
             answer = choose_local(self.topology, kind, available, must_include, size,
-                                  keep=expected, partners=self._partners(alloc, kind, expected),
+                                  keep=expected, partners=partners(alloc, kind, expected),
                                   index=self.index)
             log.warning("%s: %s recorded %s for %s but kubelet offers %d of them; "
                         "preferring %s", c.pod, resource, list(expected), c.container,
@@ -168,11 +172,11 @@ class Admission:
     def _request(self, pod: PodView) -> Request:
         """What the node plans for: as many devices as kubelet will hand the pod, with the
         pod's own hints, CPUs and memory when its request parses."""
-        counts = {"gpus": pod.total(self.names.gpu), "vfs": pod.total(self.names.vf),
-                  "pfs": pod.total(self.names.pf)}
+        gpus, vfs = pod.total(self.names.gpu), pod.total(self.names.vf)
+        pfs = pod.total(self.names.pf)
         if pod.request is not None:
-            return replace(pod.request, **counts)
-        return Request(**counts)
+            return replace(pod.request, gpus=gpus, vfs=vfs, pfs=pfs)
+        return Request(gpus=gpus, vfs=vfs, pfs=pfs)
 
     def _plan(self, c: Candidate, records: Mapping[str, PodRecord], kind: Kind,
               available: Sequence[str]) -> Allocation:
@@ -304,83 +308,35 @@ class Admission:
         if base is None:
             base = self._plan(c, records, kind, ids)
             rec = self.store.get(pod.uid)
-        actual = {k: self._pod_ids(pod, rec, c, k, base, ids if k == kind else ())
-                  for k in KINDS}
-        agrees = all(set(ids_of(base, k)) == set(v) for k, v in actual.items())
-        alloc = base
-        if not agrees:
-            alloc = reconcile(self.topology, base, actual, decided_at=self.clock(),
-                              index=self.index)
-            log.warning("%s: kubelet gave %s %s to %s, not the recorded %s; recording what "
-                        "kubelet gave (decidedBy: node)", pod, resource, ids, c.container,
-                        list(c.expected))
-        container = pod.container(c.container)
-        assert container is not None  # candidates() took it from this pod
-        # The container's IDs per kind once this call is noted: kubelet is done with it when
-        # every resource it asks for has been allocated.
-        mine = {k: [i for cn in (rec.consumed if rec else ()) if cn.container == c.container
-                    and cn.resource == self.resource_of(k) for i in cn.device_ids]
-                for k in KINDS}
-        mine[kind] = list(ids)  # replaces an earlier note of this resource, as the store does
-        noted = {cn.resource for cn in (rec.consumed if rec else ())
-                 if cn.container == c.container} | {resource}
-        ours = [r for r, _ in container.devices if kind_of(self.names, r) in self.served]
-        last = all(r in noted for r in ours)
-        if last:
-            # Devices of a kind another plugin serves are never seen here: the record's
-            # partners of this container's devices stand for them.
-            if "gpu" not in self.served:
-                mine["gpu"] = self._partners(alloc, "vf", mine["vf"] + mine["pf"])
-            for k in ("vf", "pf"):
-                if k not in self.served and container.count(self.resource_of(k)):
-                    mine[k] = [p.nic.pci_address for p in alloc.pairs
-                               if p.gpu.device_id in mine["gpu"] and p.nic.kind == k]
-            repaired = pair_container(self.topology, alloc, mine["gpu"], mine["vf"] + mine["pf"],
-                                      decided_at=self.clock(), index=self.index)
-            if repaired is not None:
-                log.warning("%s: %s was given devices the record pairs with another "
-                            "container's; pairing them within the container (decidedBy: node)",
-                            pod, c.container)
-                alloc = repaired
-        self.store.put(self._key(pod), alloc, consumed=Consumed(c.container, resource,
-                                                                tuple(ids)))
-        grant = self._grant(kind, resource, ids, alloc)
-        both_nic_kinds = (container.count(self.names.vf) and container.count(self.names.pf)
-                          and {"vf", "pf"} <= self.served)
-        if both_nic_kinds:
-            # Kubelet keeps the first plugin's value of a variable two plugins set, so a
-            # variable that spans resources comes from the container's last plugin only.
-            grant.envs.pop("NCCL_IB_HCA", None)
-        if last:
-            grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=mine["gpu"],
-                                               nics=mine["vf"] + mine["pf"])
-            if both_nic_kinds:
-                nics = set(mine["vf"] + mine["pf"])
-                hcas = list(dict.fromkeys(n.rdma_device for n in alloc.all_nics
-                                          if n.pci_address in nics and n.rdma_device))
-                if hcas:
-                    grant.envs["NCCL_IB_HCA"] = "=" + ",".join(f"{h}:1" for h in hcas)
+        decision = decide_allocate(pod, c.container, c.expected, rec.consumed if rec else (),
+                                   base, kind, ids, self.devices, decided_at=self.clock())
+        for warning in decision.warnings:
+            log.warning("%s", warning)
+        self.store.put(self._key(pod), decision.allocation, consumed=decision.consumed)
+        grant = self._grant_for(decision, kind, resource, ids)
         if self.on_allocated is not None:
             self.on_allocated(pod, grant)
         return grant
 
-    def _pod_ids(self, pod: PodView, rec: PodRecord | None, c: Candidate, k: Kind,
-                 base: Allocation, passed: Sequence[str]) -> list[str]:
-        """The pod's IDs of kind `k` once kubelet gives `passed` to `c`'s container.
-
-        What kubelet gave so far is fact; the rest of the pod's share is still the record's,
-        so a later container keeps its recorded devices when an earlier one got others.
-        The IDs this container was steered to but did not get go last: they were its own,
-        not a later container's.
-        """
-        r = self.resource_of(k)
-        given = list(dict.fromkeys([
-            *(i for cn in (rec.consumed if rec else ()) if cn.resource == r
-              and cn.container != c.container for i in cn.device_ids), *passed]))
-        passed_over = [i for i in c.expected if i not in given] if passed else []
-        rest = [i for i in ids_of(base, k) if i not in given and i not in passed_over]
-        rest += passed_over
-        return given + rest[:max(0, pod.total(r) - len(given))]
+    def _grant_for(self, d: AllocateDecision, kind: Kind, resource: str,
+                   ids: list[str]) -> ContainerGrant:
+        """The container's answer for this call: its devices, mounts and variables."""
+        alloc = d.allocation
+        grant = self._grant(kind, resource, ids, alloc)
+        if d.spans_nic_kinds:
+            # Kubelet keeps the first plugin's value of a variable two plugins set, so a
+            # variable that spans resources comes from the container's last plugin only.
+            grant.envs.pop("NCCL_IB_HCA", None)
+        if d.last:
+            nics = [*d.container_ids["vf"], *d.container_ids["pf"]]
+            grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=d.container_ids["gpu"], nics=nics)
+            if d.spans_nic_kinds:
+                held = set(nics)
+                hcas = list(dict.fromkeys(n.rdma_device for n in alloc.all_nics
+                                          if n.pci_address in held and n.rdma_device))
+                if hcas:
+                    grant.envs["NCCL_IB_HCA"] = "=" + ",".join(f"{h}:1" for h in hcas)
+        return grant
 
     def _grant(self, kind: Kind, resource: str, given: list[str],
                alloc: Allocation | None) -> ContainerGrant:
@@ -425,15 +381,16 @@ class Admission:
                 log.exception("%s", msg)
                 warnings.append(msg)
         # Consumption we noted for a pod that kubelet says belongs to another: forget it.
-        for r in self.store.all():
-            for cn in r.consumed:
-                wrong = [i for i in cn.device_ids if owner.get((cn.resource, i), r.uid) != r.uid]
+        for held in self.store.all():
+            for cn in held.consumed:
+                wrong = [i for i in cn.device_ids
+                         if owner.get((cn.resource, i), held.uid) != held.uid]
                 if wrong:
-                    msg = (f"{r.pod}: {cn.resource} {wrong} were noted for {cn.container} but "
-                           f"kubelet gave them to another pod; note removed")
+                    msg = (f"{held.pod}: {cn.resource} {wrong} were noted for {cn.container} "
+                           f"but kubelet gave them to another pod; note removed")
                     log.warning("%s", msg)
                     warnings.append(msg)
-                    self.store.clear_consumed(r.uid, cn.container, cn.resource)
+                    self.store.clear_consumed(held.uid, cn.container, cn.resource)
         return warnings
 
     def _check_pod(self, a: AssignedPod, pod: PodView, rec: PodRecord | None,
@@ -492,8 +449,8 @@ class Admission:
             self.store.put(self._key(pod), new)
         elif rec is None:
             self.store.put(self._key(pod), base)  # type: ignore[arg-type]
-        for cname, r, ids in notes:
-            self.store.mark_consumed(pod.uid, cname, r, list(ids))
+        for cname, r, noted in notes:
+            self.store.mark_consumed(pod.uid, cname, r, list(noted))
         return warnings
 
     def _known(self, kind: Kind, device_id: str) -> bool:
