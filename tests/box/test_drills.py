@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from support.box import get, namespace, pod, run_to_success
+from support.box import get, kubebox, leftovers, namespace, pod, run_to_success
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -52,3 +52,27 @@ def test_a_watch_resumes_after_the_apiserver_restarts(drill_box):
                 break
     assert sorted(seen) == ["after", "before"]
     run_a_pod(drill_box, "after-apiserver")
+
+
+def test_a_failed_up_removes_what_it_started(tmp_path):
+    """kube-scheduler refuses a configuration with an unknown plugin: `up` fails naming it, with
+    its log, and leaves nothing of the half-started box behind."""
+    config = tmp_path / "scheduler.yaml"
+    config.write_text("apiVersion: kubescheduler.config.k8s.io/v1\n"
+                      "kind: KubeSchedulerConfiguration\n"
+                      "profiles:\n- schedulerName: default-scheduler\n"
+                      "  plugins: {filter: {enabled: [{name: NoSuchPlugin}]}}\n")
+    broken = kubebox.Box(tmp_path / "box", scheduler_config=config)
+    with pytest.raises(kubebox.BoxError, match="kube-scheduler") as failure:
+        broken.up()
+    assert "NoSuchPlugin" in str(failure.value)
+    assert leftovers(broken) == {}
+
+
+def test_down_leaves_nothing_and_can_run_twice(drill_box):
+    """Last in this module: the drill box goes down here (the fixture's down runs again)."""
+    run_a_pod(drill_box, "before-down")  # a pod's sandbox, netns and mounts exist to be removed
+    drill_box.down()
+    assert leftovers(drill_box) == {}
+    drill_box.down()
+    assert leftovers(drill_box) == {}

@@ -82,3 +82,30 @@ def run_to_success(box, ns: str, manifest: dict) -> str:
     box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
     wait_for(f"pod {name} to succeed", lambda: phase(box, ns, name) == "Succeeded")
     return box.kubectl("logs", "-n", ns, name)
+
+
+def leftovers(box) -> dict[str, list[str]]:
+    """What of a box is still on the machine: processes, namespace, veth, cgroups, mounts."""
+    lay = box.layout
+    marks = (str(lay.dir), str(lay.run_dir), str(lay.shm_dir))
+    processes = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if any(mark in cmdline for mark in marks):
+                processes.append(f"{proc.name}: {cmdline[:80]}")
+    mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if line.split()[4].startswith(marks)]
+    found = {
+        "processes": processes,
+        "netns": [n for n in kubebox.run(["ip", "netns", "list"]).stdout.split()
+                  if n == lay.netns],
+        "veth": [lay.host_veth] if Path(f"/sys/class/net/{lay.host_veth}").exists() else [],
+        "cgroups": [str(p) for p in lay.cgroup_dirs()],
+        "mounts": mounts,
+        "folders": [str(p) for p in (lay.run_dir, lay.shm_dir) if p.exists()],
+    }
+    return {what: items for what, items in found.items() if items}
