@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from itertools import combinations
+from typing import TypeVar
 
 from railyard.allocation.request import Request
 from railyard.allocation.shape import FreeState, NodeShape, PfMode
@@ -31,6 +33,14 @@ from railyard.topology.model import Distance
 
 INF = 1 << 20
 _MISSING = object()
+_T = TypeVar("_T")
+
+
+def _same(value: _T) -> _T:
+    """With `partial`: a bound already known, handed to `Search._loses` as a callable."""
+    return value
+
+
 # The members bound once: looking one up on the enum class costs ~100 ns, and the pairing
 # search compares modes in its innermost loop.
 _UNUSED, _VF, _WHOLE = PfMode.UNUSED, PfMode.VF, PfMode.WHOLE
@@ -198,6 +208,11 @@ class Search:
             hit = self._span[mask] = self._place_cpus(mask)
         return hit  # type: ignore[return-value]
 
+    def span_numa(self, mask: int) -> int | None:
+        """`span`'s first item (NUMA nodes spanned), None when nothing fits."""
+        s = self.span(mask)
+        return None if s is None else s[0]
+
     def _place_cpus(self, mask: int) -> tuple[int, int] | None:
         sp, fr = self.spec, self.free
         nreal = len(self.shape.numa_ids)
@@ -270,6 +285,18 @@ class Search:
             return a > bk[5]
         return ties_lose()
 
+    def _tie_gpus_after(self, gset: tuple[int, ...]) -> bool:
+        """Whether the incumbent's GPU set sorts before `gset` (asked only once there is
+        an incumbent)."""
+        bt = self.best_tie
+        assert bt is not None
+        return bt[0] < gset
+
+    def _tie_not_after(self, prefix: tuple) -> bool:
+        """Whether the incumbent's (GPUs, targets, whole PFs) sorts at or before `prefix`."""
+        bt = self.best_tie
+        return bt is not None and bt[:3] <= prefix
+
     # ------------------------------------------------------------------ level 1: GPU sets
 
     def run(self) -> Choice | None:
@@ -331,9 +358,9 @@ class Search:
                 break  # sorted by these bounds: no later set can win either
             gmask = sum(1 << i for i in gset)
             after = fr.gpus & ~gmask
-            if self._loses(lw, ls, lambda lspan=lspan: lspan, self.crowd_min,
-                           lambda after=after: self.aligned(after, self.open0),
-                           lambda gset=gset: self.best_tie[0] < gset):  # type: ignore[index]
+            if self._loses(lw, ls, partial(_same, lspan), self.crowd_min,
+                           partial(self.aligned, after, self.open0),
+                           partial(self._tie_gpus_after, gset)):
                 continue
             try:
                 self._pair(gset, mask, after)
@@ -424,11 +451,9 @@ class Search:
             for j in wset:
                 wnuma |= 1 << pf_numa[j]
                 wmask |= 1 << j
-            if self._loses(worst, total, lambda wnuma=wnuma: (self.span(wnuma) or (None,))[0],
-                           crowd,
-                           lambda wmask=wmask: self.aligned(gpus_after, self.open0 & ~wmask),
-                           lambda wset=wset: self.best_tie is not None
-                           and self.best_tie[:3] <= (gset, targets, wset)):
+            if self._loses(worst, total, partial(self.span_numa, wnuma), crowd,
+                           partial(self.aligned, gpus_after, self.open0 & ~wmask),
+                           partial(self._tie_not_after, (gset, targets, wset))):
                 continue
             self._fill(fixed, wset, tmin, tmax)
 
@@ -661,7 +686,7 @@ class _Pairing:
         else:
             lw, ls = worst, total
         crowd_min = s.crowd_min
-        return s._loses(lw, ls, lambda: (s.span(self.numa) or (None,))[0],
+        return s._loses(lw, ls, lambda: s.span_numa(self.numa),
                         (max(self.maxload, 1 if need else 0, crowd_min[0]),
                          max(self.sumsq + need, crowd_min[1])),
                         lambda: s.aligned(self.gpus_after, s.open0 & ~self.closed),

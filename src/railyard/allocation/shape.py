@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
+from typing import TypedDict
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.types import GpuRef, NicRef, Pair
@@ -157,8 +158,16 @@ def _offered_vfs(pfs: Sequence[Nic], port_ok: Sequence[bool]) -> tuple[tuple[Vf,
     )
 
 
-def _refs(gpus: Sequence[Gpu], pfs: Sequence[Nic],
-          vfs: Sequence[Sequence[Vf]]) -> dict[str, tuple | dict]:
+class _Refs(TypedDict):
+    """`NodeShape`'s per-node fields: what names this node's own devices."""
+
+    gpu_refs: tuple[GpuRef, ...]
+    vf_refs: tuple[tuple[tuple[str, NicRef], ...], ...]
+    pf_refs: tuple[NicRef, ...]
+    pair_cache: dict[tuple[int, int, int], Pair]
+
+
+def _refs(gpus: Sequence[Gpu], pfs: Sequence[Nic], vfs: Sequence[Sequence[Vf]]) -> _Refs:
     """The record parts naming one node's own devices (UUIDs, netdevs, RDMA names)."""
     return {
         "gpu_refs": tuple(GpuRef.of(g) for g in gpus),

@@ -8,11 +8,19 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from railyard.cli.app import app, fail
+
+if TYPE_CHECKING:  # imported where used: the module loads with every `railyard` command
+    from collections.abc import Sequence
+
+    from rich.console import Console
+
+    from railyard.sim.report import RunInfo
+    from railyard.sim.run import SimResult
 
 DEFAULT_CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"
 
@@ -122,7 +130,8 @@ def simulate(
                   soft_wrap=True, highlight=False)
 
 
-def print_table(console, result, info, rows, footnotes) -> None:
+def print_table(console: Console, result: SimResult, info: RunInfo,
+                rows: list[tuple[str, list[str]]], footnotes: Sequence[str]) -> None:
     from rich import box
     from rich.table import Table
 

@@ -115,12 +115,12 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
         rest_nics = [n for n in nics if n.pci_address not in paired]
     else:
         unpaired_gpus, rest_nics = gpus, nics
-    numa = set(base.numa_nodes if base else ())
-    numa |= {topology.gpu(g.pci_address).numa_node for g in gpus} - {None}
-    numa |= {idx.numa[n.pf_pci_address] for n in nics} - {None}
+    found = [*(topology.gpu(g.pci_address).numa_node for g in gpus),
+             *(idx.numa[n.pf_pci_address] for n in nics)]
+    numa = set(base.numa_nodes if base else ()) | {x for x in found if x is not None}
     out = Allocation(
         node=topology.node,
-        numa_nodes=tuple(sorted(numa)),  # type: ignore[arg-type]
+        numa_nodes=tuple(sorted(numa)),
         cpus=base.cpus if base else None,
         memory_bytes=base.memory_bytes if base else (),
         pairs=tuple(pairs),
@@ -158,8 +158,8 @@ def pair_container(topology: NodeTopology, alloc: Allocation, gpus: Iterable[str
             free = [n for n in side if shared or not load[n.pci_address]]
             if not free:
                 continue
-            n = min(free, key=lambda n, g=g: (idx.distance(g, n), load[n.pci_address],
-                                              n.pci_address))
+            n = min(free, key=lambda n: (idx.distance(g, n), load[n.pci_address],
+                                         n.pci_address))
             pairs.append(Pair(g, n, idx.distance(g, n)))
             load[n.pci_address] += 1
     order = [g.device_id for g in alloc.all_gpus]

@@ -33,6 +33,7 @@ API_VERSION = "v1beta1"
 KUBELET_SOCKET = "kubelet.sock"
 REGISTER_TIMEOUT_S = 5.0
 MAX_SOCKET_PATH = 107  # sun_path is 108 bytes with the terminating NUL
+Context = grpc.aio.ServicerContext  # [request type, response type]
 
 
 class PluginError(Exception):
@@ -114,18 +115,25 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         self.devices = devices
         self.handler = handler
 
-    async def GetDevicePluginOptions(self, request, context):
+    async def GetDevicePluginOptions(self, request: pb.Empty,
+                                     context: Context[pb.Empty, pb.DevicePluginOptions]
+                                     ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False,
                                       get_preferred_allocation_available=True)
 
-    async def ListAndWatch(self, request, context) -> AsyncIterator[pb.ListAndWatchResponse]:
+    async def ListAndWatch(self, request: pb.Empty,
+                           context: Context[pb.Empty, pb.ListAndWatchResponse]
+                           ) -> AsyncIterator[pb.ListAndWatchResponse]:
         version = self.devices.version
         yield self.devices.response()
         while True:
             version = await self.devices.wait_newer(version)
             yield self.devices.response()
 
-    async def GetPreferredAllocation(self, request, context):
+    async def GetPreferredAllocation(
+            self, request: pb.PreferredAllocationRequest,
+            context: Context[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse]
+    ) -> pb.PreferredAllocationResponse:
         out = pb.PreferredAllocationResponse()
         for c in request.container_requests:
             try:
@@ -138,7 +146,9 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return out
 
-    async def Allocate(self, request, context):
+    async def Allocate(self, request: pb.AllocateRequest,
+                       context: Context[pb.AllocateRequest, pb.AllocateResponse]
+                       ) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
         known = self.devices.ids()
         for c in request.container_requests:
@@ -151,7 +161,10 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                                                                               ids)))
         return out
 
-    async def PreStartContainer(self, request, context):
+    async def PreStartContainer(
+            self, request: pb.PreStartContainerRequest,
+            context: Context[pb.PreStartContainerRequest, pb.PreStartContainerResponse]
+    ) -> pb.PreStartContainerResponse:
         return pb.PreStartContainerResponse()
 
 
@@ -164,11 +177,16 @@ class WatcherRegistration(reg_grpc.RegistrationServicer):
         self.registered = asyncio.Event()
         self.error: str | None = None
 
-    async def GetInfo(self, request, context):
+    async def GetInfo(self, request: reg_pb.InfoRequest,
+                      context: Context[reg_pb.InfoRequest, reg_pb.PluginInfo]
+                      ) -> reg_pb.PluginInfo:
         return reg_pb.PluginInfo(type="DevicePlugin", name=self.resource,
                                  endpoint=self.endpoint, supported_versions=[API_VERSION])
 
-    async def NotifyRegistrationStatus(self, request, context):
+    async def NotifyRegistrationStatus(
+            self, request: reg_pb.RegistrationStatus,
+            context: Context[reg_pb.RegistrationStatus, reg_pb.RegistrationStatusResponse]
+    ) -> reg_pb.RegistrationStatusResponse:
         if request.plugin_registered:
             self.error = None
             self.registered.set()

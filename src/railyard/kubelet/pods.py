@@ -126,6 +126,18 @@ def _container(c: Any, where: str, names: ResourceNames, init: bool = False) -> 
                          sidecar=init and c.get("restartPolicy") == "Always")
 
 
+def _object(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """`parent[key]` when it is an object, else an empty one."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _list(parent: dict[str, Any], key: str) -> list[Any]:
+    """`parent[key]` when it is a list, else an empty one."""
+    value = parent.get(key)
+    return value if isinstance(value, list) else []
+
+
 def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
     """Parse a v1 Pod; PodError only when the pod cannot be identified at all."""
     if not isinstance(pod, dict):
@@ -136,14 +148,14 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
     for key in ("uid", "name"):
         if not isinstance(meta.get(key), str) or not meta[key]:
             raise PodError(f"metadata.{key}: missing")
-    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
-    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
-    containers = spec.get("containers") if isinstance(spec.get("containers"), list) else []
+    spec = _object(pod, "spec")
+    status = _object(pod, "status")
+    containers = _list(spec, "containers")
     views = tuple(_container(c, f"spec.containers[{i}]", names) for i, c in enumerate(containers))
-    inits = spec.get("initContainers") if isinstance(spec.get("initContainers"), list) else []
+    inits = _list(spec, "initContainers")
     init_views = tuple(_container(c, f"spec.initContainers[{i}]", names, init=True)
                        for i, c in enumerate(inits))
-    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+    annotations = _object(meta, "annotations")
     allocation = alloc_error = None
     raw_alloc = annotations.get(ALLOCATION_ANNOTATION)
     if raw_alloc is not None:
@@ -159,6 +171,7 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         request = request_from_pod(pod, names)
     except RequestError as e:
         request_error = str(e)
+    namespace = meta.get("namespace")
     node = spec.get("nodeName")
     phase = status.get("phase")
     problems = []
@@ -170,7 +183,7 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         created = None
     return PodView(
         uid=meta["uid"],
-        namespace=meta.get("namespace") if isinstance(meta.get("namespace"), str) else "default",
+        namespace=namespace if isinstance(namespace, str) else "default",
         name=meta["name"],
         node_name=node if isinstance(node, str) and node else None,
         phase=phase if isinstance(phase, str) and phase else "Pending",

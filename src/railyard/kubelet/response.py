@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef
 from railyard.kubelet.resolver import Kind
@@ -65,8 +66,9 @@ def pairs_json(alloc: Allocation, gpus: Iterable[str] = (), nics: Iterable[str] 
         return {"kind": n.kind, "pciAddress": n.pci_address, "rdmaDevice": n.rdma_device,
                 "netdev": n.netdev}
 
-    out = [{"gpu": gpu(p.gpu), "nic": nic(p.nic), "distance": p.distance.name}
-           for p in alloc.pairs if p.gpu.device_id in g_ids and p.nic.pci_address in n_ids]
+    out: list[dict[str, Any]] = [
+        {"gpu": gpu(p.gpu), "nic": nic(p.nic), "distance": p.distance.name}
+        for p in alloc.pairs if p.gpu.device_id in g_ids and p.nic.pci_address in n_ids]
     out += [{"gpu": None, "nic": nic(n), "distance": None}
             for n in alloc.nics if n.pci_address in n_ids]
     out += [{"gpu": gpu(g), "nic": None, "distance": None}

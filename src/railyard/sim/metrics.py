@@ -11,6 +11,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.types import Allocation
@@ -115,8 +116,8 @@ class PolicyMetrics:
     def gdr_pod_share(self) -> float:
         return self.multi_gdr / self.multi_arrived if self.multi_arrived else 0.0
 
-    def as_json(self, with_latency: bool = True) -> dict[str, object]:
-        out: dict[str, object] = {
+    def as_json(self, with_latency: bool = True) -> dict[str, Any]:
+        out: dict[str, Any] = {
             "podsArrived": self.arrived,
             "podsPlaced": self.placed,
             "podsFailed": self.arrived - self.placed,
@@ -211,8 +212,8 @@ def heatmap_rows(topology: NodeTopology, ledger: Ledger,
     size_of: dict[str, int] = {}
     for uid, alloc in ledger.holders():
         gpus = alloc.all_gpus
-        for g in gpus:
-            size_of[g.pci_address] = len(gpus)
+        for ref in gpus:
+            size_of[ref.pci_address] = len(gpus)
         for p in judged.get(uid, ()):
             cls_of[p.gpu] = p.distance
     row = []

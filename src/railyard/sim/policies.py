@@ -19,6 +19,11 @@ from railyard.allocation.shape import port_usable, vf_allocatable
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef
 from railyard.topology.model import Gpu, Nic, NodeTopology, Vf
 
+# A baseline's decision: the node, its GPUs and its VFs (each with its PF).
+Choice = tuple[str, list[Gpu], list[tuple[Nic, Vf]]]
+# Koordinator's trial on one node: the GPUs, then a VF (with its PF) for each.
+_Plan = tuple[tuple[Gpu, ...], tuple[tuple[Nic, Vf], ...]]
+
 
 class Policy(Protocol):
     """One way of placing pods; the simulator feeds every policy the same arrivals."""
@@ -137,8 +142,7 @@ class DevicePolicy:
         self._ledgers[node].add(uid, alloc)
         return alloc
 
-    def choose(self, nodes: list[str], request: Request
-               ) -> tuple[str, list[Gpu], list[tuple[Nic, Vf]]] | Infeasible:
+    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         raise NotImplementedError
 
     def pick_tied(self, scored: list[tuple[float, str]]) -> str:
@@ -152,7 +156,7 @@ class RandomPolicy(DevicePolicy):
 
     name = "random"
 
-    def choose(self, nodes, request):
+    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         node = self.rng.choice(nodes)
         gpus = self.rng.sample(self.free_gpus(node), request.gpus)
         vfs = self.rng.sample(self.free_vfs(node), request.vfs)
@@ -166,7 +170,7 @@ class NumaPolicy(DevicePolicy):
 
     name = "numa"
 
-    def choose(self, nodes, request):
+    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         node = self.rng.choice(nodes)
         gpus, vfs = self.free_gpus(node), self.free_vfs(node)
         numas = sorted({g.numa_node for g in gpus if g.numa_node is not None}
@@ -186,11 +190,12 @@ class BestFitPolicy(DevicePolicy):
 
     name = "best-fit"
 
-    def choose(self, nodes, request):
+    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         scored = []
         for node in nodes:
-            gpus, vfs = self.free_counts(node)
-            scored.append((-float(gpus - request.gpus) - (vfs - request.vfs) / 1e4, node))
+            free_gpus, free_vfs = self.free_counts(node)
+            scored.append((-float(free_gpus - request.gpus) - (free_vfs - request.vfs) / 1e4,
+                           node))
         node = self.pick_tied(scored)
         gpus = self.rng.sample(self.free_gpus(node), request.gpus)
         vfs = self.rng.sample(self.free_vfs(node), request.vfs)
@@ -218,12 +223,13 @@ class KoordinatorPolicy(DevicePolicy):
     def __init__(self, topologies: Sequence[NodeTopology], seed: int) -> None:
         super().__init__(topologies, seed)
         # (node, GPUs, VFs, strict) -> (ledger token, (plan or None, score))
-        self._plans: dict[tuple[str, int, int, bool], tuple[tuple[int, ...], tuple]] = {}
+        self._plans: dict[tuple[str, int, int, bool],
+                          tuple[tuple[int, ...], tuple[_Plan | None, int]]] = {}
 
-    def choose(self, nodes, request):
+    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         strict = request.max_distance is not None and request.vfs > 0
-        scored = []
-        plans = {}
+        scored: list[tuple[float, str]] = []
+        plans: dict[str, _Plan] = {}
         for node in nodes:
             plan, score = self._plan(node, request, strict)
             if plan is None:
@@ -236,7 +242,7 @@ class KoordinatorPolicy(DevicePolicy):
         gpus, vfs = plans[node]
         return node, list(gpus), list(vfs)
 
-    def _plan(self, node: str, request: Request, strict: bool):
+    def _plan(self, node: str, request: Request, strict: bool) -> tuple[_Plan | None, int]:
         """`_trial` and the node's score, remembered while the node's used GPUs and VFs (all
         they read) are unchanged. Pods never leave in the simulator, so the sets only grow and
         their sizes tell a change."""
@@ -257,14 +263,14 @@ class KoordinatorPolicy(DevicePolicy):
         self._plans[key] = (token, (plan, score))
         return plan, score
 
-    def _trial(self, node: str, request: Request, strict: bool):
+    def _trial(self, node: str, request: Request, strict: bool) -> _Plan | None:
         gpus = self.free_gpus(node)[:request.gpus]
         free = self.free_vfs(node)
         by_pf: dict[str, list[tuple[Nic, Vf]]] = {}
         for n, v in free:
             by_pf.setdefault(n.pci_address, []).append((n, v))
         chosen: list[tuple[Nic, Vf]] = []
-        cursor: dict[str, int] = {}  # round-robin position per root bus
+        cursor: dict[str | None, int] = {}  # round-robin position per root bus
         for i in range(request.vfs):
             root = gpus[i % len(gpus)].pcie_root if gpus else None
             local = [pf for pf, vs in by_pf.items() if vs and vs[0][0].pcie_root == root]

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
+
+if TYPE_CHECKING:
+    from railyard.allocation.allocator import Packing
 
 SIM_NAMESPACE = "railyard-sim"
 # A fixed stamp: the record's time is not part of any result, and a seed must reproduce all.
@@ -25,7 +29,7 @@ class RailyardPolicy:
     name = "railyard"
 
     def __init__(self, topologies: Sequence[NodeTopology], seed: int,
-                 packing: str = "binpack") -> None:
+                 packing: Packing = "binpack") -> None:
         from railyard.allocation.allocator import Allocator
 
         self.state = ClusterState(topologies, allocator=Allocator(packing=packing))

@@ -12,19 +12,22 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.colors import BoundaryNorm, ListedColormap
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from railyard.sim.judge import CLASS_FACTOR
-from railyard.sim.metrics import CELL_FREE, CELL_PAIRED
+from railyard.sim.metrics import CELL_FREE, CELL_PAIRED, PolicyMetrics
 from railyard.sim.run import HEATMAP_SNAPSHOT, SimResult
 from railyard.topology.model import Distance
 
@@ -131,7 +134,7 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
     an 80-column terminal with five policies."""
     ms = [r.metrics.as_json() for r in result.results.values()]
 
-    def row(label: str, f) -> tuple[str, list[str]]:
+    def row(label: str, f: Callable[[dict[str, Any]], str]) -> tuple[str, list[str]]:
         return label, [f(m) for m in ms]
 
     def eff(m: dict) -> str:
@@ -141,7 +144,8 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
     def pairs(m: dict, ds: tuple[Distance, ...]) -> str:
         return "/".join(str(m["pairsByDistance"][d.name]) for d in ds)
 
-    def at(key: str, metric: str, fmt=str):
+    def at(key: str, metric: str, fmt: Callable[[Any], str] = str
+           ) -> Callable[[dict[str, Any]], str]:
         return lambda m: fmt(m[key][metric]) if key in m else "–"
 
     return [
@@ -265,14 +269,14 @@ def chart_pairs(result: SimResult, path: Path) -> None:
                   loc="left")
     _despine(ax1)
 
+    parts = ((CLASS_COLOURS[Distance.PIX], "GDR-capable (all pairs ≤ PXB)"),
+             (CLASS_COLOURS[Distance.NODE], "placed, some rank without GDR"),
+             ("#d9d9d9", "not placed"))
     for i, name in enumerate(names):
         m = result.results[name].metrics
-        parts = [(m.multi_gdr, CLASS_COLOURS[Distance.PIX], "GDR-capable (all pairs ≤ PXB)"),
-                 (m.multi_placed - m.multi_gdr, CLASS_COLOURS[Distance.NODE],
-                  "placed, some rank without GDR"),
-                 (m.multi_arrived - m.multi_placed, "#d9d9d9", "not placed")]
+        counts = (m.multi_gdr, m.multi_placed - m.multi_gdr, m.multi_arrived - m.multi_placed)
         left = 0
-        for n, colour, _ in parts:
+        for n, (colour, _) in zip(counts, parts, strict=True):
             if n:
                 ax2.barh(i, n, left=left, color=colour, edgecolor="white", lw=0.6)
                 ax2.text(left + n / 2, i, str(n), ha="center", va="center", fontsize=8,
@@ -288,7 +292,7 @@ def chart_pairs(result: SimResult, path: Path) -> None:
     ax2.set_xlim(0, max(most, 1) * 1.22)
     ax2.set_title("Multi-GPU (training) pods", fontsize=10, loc="left")
     ax2.set_xlabel("pods (eff. = estimated collective bandwidth, 1.00 = aligned)", fontsize=8)
-    ax2.legend(handles=[Patch(color=c, label=lbl) for _, c, lbl in parts], frameon=False,
+    ax2.legend(handles=[Patch(color=c, label=lbl) for c, lbl in parts], frameon=False,
                fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3)
     _despine(ax2)
     ax1.legend(handles=[Patch(color=CLASS_COLOURS[d], label=d.name) for d in Distance],
@@ -351,12 +355,12 @@ def statistics_mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def _despine(ax) -> None:
+def _despine(ax: Axes) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, dpi=DPI, facecolor="white")
     plt.close(fig)
 
@@ -409,7 +413,7 @@ def headline(result: SimResult) -> str:
         return ""
     ry = res["railyard"].metrics
 
-    def full(m) -> float:
+    def full(m: PolicyMetrics) -> float:
         return m.snapshots[HEATMAP_SNAPSHOT]["gpuAllocationRatio"]
 
     end_name, end_m = max(base.items(), key=lambda kv: kv[1].allocated_gpus)

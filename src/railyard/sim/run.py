@@ -63,7 +63,7 @@ def sample_nodes(topologies: Sequence[NodeTopology], count: int = HEATMAP_NODES)
     for t in topologies:
         groups.setdefault(t.shape_key, []).append(t.node)
     share = max(1, count // len(groups))
-    out = []
+    out: list[str] = []
     for names in groups.values():
         k = min(share, len(names))
         out.extend(names[(i * len(names)) // k] for i in range(k))
