@@ -99,15 +99,15 @@ def _break(path: list, value) -> dict:
 
 
 @pytest.mark.parametrize("path, value, message", [
-    (["nics", 3, "vfs", 0, "pciAddress"], 5, "nics[3].vfs[0].pciAddress: expected string"),
-    (["gpus", 0, "numaNode"], "0", "gpus[0].numaNode: expected integer"),
-    (["gpus", 2, "index"], -1, "gpus[2].index: expected ≥ 0"),
+    (["nics", 3, "vfs", 0, "pciAddress"], 5, "nics[3].vfs[0].pciAddress: expected a string"),
+    (["gpus", 0, "numaNode"], "0", "gpus[0].numaNode: expected an integer"),
+    (["gpus", 2, "index"], -1, "gpus[2].index: expected an integer ≥ 0"),
     (["numaNodes", 1, "memoryBytes"], KeyError, "numaNodes[1].memoryBytes: missing"),
-    (["nics", 0, "defaultRoute"], "no", "nics[0].defaultRoute: expected boolean"),
-    (["nics", 0, "vfs"], {}, "nics[0].vfs: expected array"),
-    (["nics", 1], [], "nics[1]: expected object"),
+    (["nics", 0, "defaultRoute"], "no", "nics[0].defaultRoute: expected true or false"),
+    (["nics", 0, "vfs"], {}, "nics[0].vfs: expected a list"),
+    (["nics", 1], [], "nics[1]: expected an object"),
     (["version"], 2, "version: unsupported version 2"),
-    (["node"], None, "node: expected string"),
+    (["node"], None, "node: expected a string"),
     (["distance", "0000:1b:00.0", "0000:18:00.0"], "NV18",
      'distance["0000:1b:00.0"]["0000:18:00.0"]: unknown distance class'),
     (["distance", "0000:1b:00.0", "0000:18:00.0"], KeyError,
@@ -121,6 +121,7 @@ def test_bad_field_is_named_in_the_error(path: list, value, message: str) -> Non
     with pytest.raises(TopologyFormatError) as err:
         topology_from_json(_break(path, value))
     assert str(err.value).startswith(message)
+    assert message.startswith(err.value.path + ": ")
 
 
 def _generic_doc() -> dict:
@@ -166,7 +167,7 @@ def test_document_the_core_cannot_use_is_a_format_error_naming_the_field(edit,
 
 
 def test_non_object_document_is_rejected() -> None:
-    with pytest.raises(TopologyFormatError, match="expected object, got array"):
+    with pytest.raises(TopologyFormatError, match="expected an object, got a list"):
         topology_from_json([])
 
 

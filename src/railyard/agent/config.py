@@ -27,14 +27,15 @@ from typing import Any
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.kubelet.selectors import PfName, Selector
 from railyard.node.paths import CNI_DEVINFO_DIR, DEVINFO_DIR
+from railyard.records.fields import FieldError, Fields
 
 # sriov-dp link type names, and the sysfs link_layer values they stand for.
 _LINK_TYPES = {"ether": "Ethernet", "ethernet": "Ethernet", "eth": "Ethernet",
                "infiniband": "InfiniBand", "ib": "InfiniBand"}
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the field."""
+class ConfigError(FieldError):
+    """A config file that cannot be used: `path` names the field, `document` the file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,26 +55,20 @@ class AgentConfig:
 # ----------------------------------------------------------------------- parsing
 
 
-def _hex_ids(v: Any, where: str) -> frozenset[str]:
+def _hex_ids(f: Fields, key: str) -> frozenset[str]:
     out = set()
-    for i, x in enumerate(_strings(v, where)):
+    for i, x in enumerate(f.strings(key, optional=True)):
         s = x.lower().removeprefix("0x")
         if not s or len(s) > 4 or any(c not in "0123456789abcdef" for c in s):
-            raise ConfigError(f"{where}[{i}]: expected a 4-digit hex PCI id, got {x!r}")
+            f.fail(f"{key}[{i}]", f"expected a 4-digit hex PCI id, got {x!r}")
         out.add(s.rjust(4, "0"))
     return frozenset(out)
-
-
-def _strings(v: Any, where: str) -> list[str]:
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ConfigError(f"{where}: expected a list of strings")
-    return v
 
 
 def _pf_name(text: str, where: str) -> PfName:
     name, sep, rng = text.partition("#")
     if not name:
-        raise ConfigError(f"{where}: empty PF name")
+        raise ConfigError(where, "empty PF name")
     if not sep:
         return PfName(name)
     lo, dash, hi = rng.partition("-")
@@ -81,46 +76,36 @@ def _pf_name(text: str, where: str) -> PfName:
         first = int(lo)
         last = int(hi) if dash else first
     except ValueError:
-        raise ConfigError(f"{where}: VF range must be N or N-M, got {rng!r}") from None
+        raise ConfigError(where, f"VF range must be N or N-M, got {rng!r}") from None
     if first < 0 or last < first:
-        raise ConfigError(f"{where}: VF range {rng!r} is empty or negative")
+        raise ConfigError(where, f"VF range {rng!r} is empty or negative")
     return PfName(name, first, last)
 
 
 def parse_selector(v: Any, where: str) -> Selector:
-    if not isinstance(v, dict):
-        raise ConfigError(f"{where}: expected an object")
-    known = {"vendors", "devices", "drivers", "pfNames", "linkTypes"}
-    unknown = sorted(set(v) - known)
-    if unknown:
-        raise ConfigError(
-            f"{where}.{unknown[0]}: unknown selector (known: {', '.join(sorted(known))})")
+    f = Fields(v, where, ConfigError)
+    f.only(("vendors", "devices", "drivers", "pfNames", "linkTypes"), "selector")
     links = set()
-    for i, t in enumerate(_strings(v.get("linkTypes", []), f"{where}.linkTypes")):
+    for i, t in enumerate(f.strings("linkTypes", optional=True)):
         if t.lower() not in _LINK_TYPES:
-            raise ConfigError(f"{where}.linkTypes[{i}]: expected ether or infiniband, got {t!r}")
+            f.fail(f"linkTypes[{i}]", f"expected ether or infiniband, got {t!r}")
         links.add(_LINK_TYPES[t.lower()])
     return Selector(
-        vendors=_hex_ids(v.get("vendors", []), f"{where}.vendors"),
-        devices=_hex_ids(v.get("devices", []), f"{where}.devices"),
-        drivers=frozenset(_strings(v.get("drivers", []), f"{where}.drivers")),
-        pf_names=tuple(_pf_name(p, f"{where}.pfNames[{i}]")
-                       for i, p in enumerate(_strings(v.get("pfNames", []), f"{where}.pfNames"))),
+        vendors=_hex_ids(f, "vendors"),
+        devices=_hex_ids(f, "devices"),
+        drivers=frozenset(f.strings("drivers", optional=True)),
+        pf_names=tuple(_pf_name(p, f"{f.at('pfNames')}[{i}]")
+                       for i, p in enumerate(f.strings("pfNames", optional=True))),
         link_types=frozenset(links),
     )
 
 
-def _bool(d: dict, key: str, default: bool) -> bool:
-    v = d.get(key, default)
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key}: expected true or false")
-    return v
-
-
-def _seconds(d: dict, key: str, default: float) -> float:
-    v = d.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 3600:
-        raise ConfigError(f"{key}: expected seconds, 0 < s ≤ 3600")
+def _seconds(f: Fields, key: str, default: float) -> float:
+    if key not in f:
+        return default
+    v = f.get(key)
+    if type(v) not in (int, float) or not 0 < v <= 3600:
+        f.fail(key, f"expected seconds, 0 < s ≤ 3600, got {v!r}")
     return float(v)
 
 
@@ -154,53 +139,40 @@ def extended_resource_problem(name: Any) -> str | None:
 def config_from_dict(d: Any) -> AgentConfig:
     if d is None:
         return AgentConfig()
-    if not isinstance(d, dict):
-        raise ConfigError("config: expected an object at the top level")
-    known = {"resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "devinfoDir",
-             "cniDevinfoDir", "healthIntervalS", "verifyDelayS"}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-    res = d.get("resources", {})
-    if not isinstance(res, dict) or set(res) - {"gpu", "vf", "pf"}:
-        raise ConfigError("resources: expected an object with keys gpu, vf, pf")
+    f = Fields(d, "", ConfigError)
+    f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "devinfoDir",
+            "cniDevinfoDir", "healthIntervalS", "verifyDelayS"))
+    res = f.object("resources", optional=True)
+    res.only(("gpu", "vf", "pf"))
     names = {}
-    for k, v in res.items():
+    for k, v in res.d.items():
         why = extended_resource_problem(v)
         if why is not None:
-            raise ConfigError(f"resources.{k}: {v!r} is not an extended resource name "
-                              f"(domain/name) kubelet accepts: {why}")
+            res.fail(k, f"{v!r} is not an extended resource name (domain/name) kubelet "
+                        f"accepts: {why}")
         names[k] = v
     resources = ResourceNames(**names)
     if len(set(resources.managed)) != 3:
-        raise ConfigError("resources: the three resource names must differ")
-    pools = d.get("pools", {})
-    if not isinstance(pools, dict) or set(pools) - {"vf", "pf"}:
-        raise ConfigError("pools: expected an object with keys vf, pf")
+        f.fail("resources", "the three resource names must differ")
+    pools = f.object("pools", optional=True)
+    pools.only(("vf", "pf"))
 
     def pool(kind: str) -> tuple[Selector, ...]:
-        raw = pools.get(kind, [])
-        if not isinstance(raw, list):
-            raise ConfigError(f"pools.{kind}: expected a list of selectors")
-        return tuple(parse_selector(s, f"pools.{kind}[{i}]") for i, s in enumerate(raw))
+        return tuple(parse_selector(s, at) for s, at in pools.items(kind, optional=True))
 
-    devinfo = d.get("devinfoDir", DEVINFO_DIR)
-    if not isinstance(devinfo, str) or not devinfo:
-        raise ConfigError("devinfoDir: expected a folder path")
-    cni_devinfo = d.get("cniDevinfoDir", CNI_DEVINFO_DIR)
-    if not isinstance(cni_devinfo, str) or not cni_devinfo:
-        raise ConfigError("cniDevinfoDir: expected a folder path")
     return AgentConfig(
         resources=resources,
-        gpu_plugin=_bool(d, "gpuPlugin", True),
-        vf_plugin=_bool(d, "vfPlugin", True),
-        pf_plugin=_bool(d, "pfPlugin", True),
+        gpu_plugin=f.boolean("gpuPlugin", True),
+        vf_plugin=f.boolean("vfPlugin", True),
+        pf_plugin=f.boolean("pfPlugin", True),
         vf_pool=pool("vf"),
         pf_pool=pool("pf"),
-        devinfo_dir=devinfo,
-        cni_devinfo_dir=cni_devinfo,
-        health_interval_s=_seconds(d, "healthIntervalS", 1.0),
-        verify_delay_s=_seconds(d, "verifyDelayS", 1.0),
+        devinfo_dir=f.string("devinfoDir", nonempty=True, default=DEVINFO_DIR,
+                             what="a folder path"),
+        cni_devinfo_dir=f.string("cniDevinfoDir", nonempty=True, default=CNI_DEVINFO_DIR,
+                                 what="a folder path"),
+        health_interval_s=_seconds(f, "healthIntervalS", 1.0),
+        verify_delay_s=_seconds(f, "verifyDelayS", 1.0),
     )
 
 
@@ -212,7 +184,7 @@ def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror or e}") from None
+        raise ConfigError("", str(e.strerror or e), document=str(path)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -225,8 +197,9 @@ def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:
             mark = getattr(e, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"{path}: neither JSON nor YAML: {problem}{where}") from None
+            raise ConfigError("", f"neither JSON nor YAML: {problem}{where}",
+                              document=str(path)) from None
     try:
         return config_from_dict(data)
     except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+        raise e.in_document(str(path)) from None

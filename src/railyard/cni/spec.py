@@ -17,6 +17,7 @@ from enum import IntEnum
 from typing import Any
 
 from railyard.cni.shim import LATEST_VERSION, SUPPORTED_VERSIONS
+from railyard.records.fields import FieldError, Fields
 
 __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
 
@@ -265,49 +266,37 @@ class NetConf:
         return InterfaceConf(own.mtu or self.mtu, mac, own.ipam or self.ipam)
 
 
-def _bad(msg: str) -> CniError:
-    return CniError(Code.INVALID_CONFIG, msg)
+class NetConfError(FieldError):
+    """A network config key that cannot be used; `parse_netconf` answers it with code 7."""
 
 
-def _mtu(v: Any, where: str) -> int | None:
+def _mtu(f: Fields, key: str) -> int | None:
+    if f.get(key) is None:
+        return None
+    return f.integer(key, 68, 65535)
+
+
+def _mac(f: Fields, key: str) -> str | None:
+    v = f.string_or_null(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or not 68 <= v <= 65535:
-        raise _bad(f"{where}: expected an MTU between 68 and 65535, got {v!r}")
-    return v
-
-
-def _mac(v: Any, where: str) -> str | None:
-    if v is None:
-        return None
-    if not isinstance(v, str) or not _MAC.match(v):
-        raise _bad(f"{where}: expected a MAC address like 02:00:00:00:00:01, got {v!r}")
+    if not _MAC.match(v):
+        f.fail(key, f"expected a MAC address like 02:00:00:00:00:01, got {v!r}")
     if int(v[:2], 16) & 1:
-        raise _bad(f"{where}: {v} is a multicast address")
+        f.fail(key, f"{v} is a multicast address")
     return v.lower()
 
 
-def _ipam(v: Any, where: str) -> Mapping[str, Any] | None:
-    if v is None:
+def _ipam(f: Fields, key: str) -> Mapping[str, Any] | None:
+    if f.get(key) is None:
         return None
-    if not isinstance(v, dict):
-        raise _bad(f"{where}: expected an object")
-    if not v:
+    ipam = f.object(key)
+    if not ipam.d:
         return None  # `"ipam": {}` means no IPAM, as in the reference plugins
-    t = v.get("type")
+    t = ipam.get("type")
     if not isinstance(t, str) or not _PLUGIN_TYPE.match(t):
-        raise _bad(f"{where}.type: expected a plugin name (letters, digits, '_', '.', '-'), "
-                   f"got {t!r}")
-    return v
-
-
-def _opt_str(d: Mapping[str, Any], key: str, where: str = "") -> str | None:
-    v = d.get(key)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise _bad(f"{where}{key}: expected a string, got {type(v).__name__}")
-    return v
+        ipam.fail("type", f"expected a plugin name (letters, digits, '_', '.', '-'), got {t!r}")
+    return ipam.d
 
 
 def load_config(stdin: bytes) -> dict[str, Any]:
@@ -338,89 +327,80 @@ def parse_netconf(data: Mapping[str, Any]) -> NetConf:
         raise CniError(Code.INCOMPATIBLE_VERSION,
                        f"cniVersion {version!r} is not supported",
                        f"supported: {', '.join(SUPPORTED_VERSIONS)}")
-    name = data.get("name")
+    try:
+        return _netconf(version, data)
+    except FieldError as e:
+        raise CniError(Code.INVALID_CONFIG, str(e)) from None
+
+
+def _netconf(version: str, data: Mapping[str, Any]) -> NetConf:
+    f = Fields(data, "", NetConfError)
+    name = f.get("name")
     if not isinstance(name, str) or not _NET_NAME.match(name):
-        raise _bad(f"name: expected a network name (letters, digits, '_', '.', '-'), got {name!r}")
-    ptype = data.get("type")
-    if not isinstance(ptype, str) or not ptype:
-        raise _bad(f"type: expected the plugin's name, got {ptype!r}")
-    ipam = _ipam(data.get("ipam"), "ipam")
-    runtime = data.get("runtimeConfig") or {}
-    if not isinstance(runtime, dict):
-        raise _bad("runtimeConfig: expected an object")
-    mac = _mac(runtime.get("mac"), "runtimeConfig.mac") or _mac(data.get("mac"), "mac")
+        f.fail("name", f"expected a network name (letters, digits, '_', '.', '-'), got {name!r}")
+    ptype = f.string("type", nonempty=True, what="the plugin's name")
+    ipam = _ipam(f, "ipam")
+    # `or {}` / `or []`: a false value (null, {}, "") is as good as none, as it always was.
+    runtime = (f.object("runtimeConfig") if f.get("runtimeConfig")
+               else Fields({}, "runtimeConfig", NetConfError))
+    mac = _mac(runtime, "mac") or _mac(f, "mac")
     interfaces = []
-    raw_ifs = data.get("interfaces") or []
-    if not isinstance(raw_ifs, list):
-        raise _bad("interfaces: expected a list (one object per pair, in pair order)")
-    for i, item in enumerate(raw_ifs):
-        where = f"interfaces[{i}]"
-        if not isinstance(item, dict):
-            raise _bad(f"{where}: expected an object")
-        interfaces.append(InterfaceConf(_mtu(item.get("mtu"), f"{where}.mtu"),
-                                        _mac(item.get("mac"), f"{where}.mac"),
-                                        _ipam(item.get("ipam"), f"{where}.ipam")))
-    prev = data.get("prevResult")
+    if f.get("interfaces"):
+        if not isinstance(f.get("interfaces"), list):
+            f.fail("interfaces", "expected a list (one object per pair, in pair order)")
+        for item in f.objects("interfaces"):
+            interfaces.append(InterfaceConf(_mtu(item, "mtu"), _mac(item, "mac"),
+                                            _ipam(item, "ipam")))
+    prev = f.get("prevResult")
     if prev is not None:
-        _check_prev_result(prev)
-    standalone = data.get("standalone", False)
-    if not isinstance(standalone, bool):
-        raise _bad("standalone: expected true or false")
-    state_dir = _opt_str(data, "stateDir")
+        _check_prev_result(f.object("prevResult"))
+    standalone = f.boolean("standalone", False)
+    state_dir = f.string_or_null("stateDir")
     if state_dir is not None and not state_dir.startswith("/"):
-        raise _bad(f"stateDir: expected an absolute path, got {state_dir!r}")
+        f.fail("stateDir", f"expected an absolute path, got {state_dir!r}")
     for key in ("agentSocket",):
-        v = _opt_str(data, key)
+        v = f.string_or_null(key)
         if v is not None and not v.startswith("/"):
-            raise _bad(f"{key}: expected an absolute path, got {v!r}")
+            f.fail(key, f"expected an absolute path, got {v!r}")
     valid = None
     for key in (VALID_ATTACHMENTS, VALID_ATTACHMENTS_OLD):
-        if key in data:
-            valid = _attachments(data[key], key)
+        if key in f:
+            valid = _attachments(f, key)
             break
     return NetConf(
         version=version, name=name, type=ptype, raw=data, ipam=ipam,
-        mtu=_mtu(data.get("mtu"), "mtu"), mac=mac, interfaces=tuple(interfaces),
+        mtu=_mtu(f, "mtu"), mac=mac, interfaces=tuple(interfaces),
         prev_result=prev, standalone=standalone, state_dir=state_dir,
-        device_info_file=_opt_str(runtime, "CNIDeviceInfoFile", "runtimeConfig."),
+        device_info_file=runtime.string_or_null("CNIDeviceInfoFile"),
         valid_attachments=valid,
     )
 
 
-def _check_prev_result(prev: Any) -> None:
+def _check_prev_result(prev: Fields) -> None:
     """The chain's result is passed through and extended: every part we touch is checked
     here, before anything moves, so a malformed one is a config error, not a crash later."""
-    if not isinstance(prev, dict):
-        raise _bad("prevResult: expected an object")
     for key in ("interfaces", "ips", "routes"):
-        items = prev.get(key)
-        if items is None:
-            continue
-        if not isinstance(items, list):
-            raise _bad(f"prevResult.{key}: expected a list")
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise _bad(f"prevResult.{key}[{i}]: expected an object")
-    for i, ip in enumerate(prev.get("ips") or []):
+        if prev.get(key) is not None:
+            for _ in prev.objects(key):
+                pass
+    for ip in prev.objects("ips") if prev.get("ips") else ():
         address = ip.get("address")
         try:
             if not isinstance(address, str):
                 raise ValueError("expected a CIDR string")
             ipaddress.ip_interface(address)
         except ValueError as e:
-            raise _bad(f"prevResult.ips[{i}].address: {e}") from None
+            ip.fail("address", str(e))
 
 
-def _attachments(v: Any, where: str) -> tuple[Attachment, ...]:
-    if not isinstance(v, list):
-        raise _bad(f"{where}: expected a list of {{containerID, ifname}}")
+def _attachments(f: Fields, key: str) -> tuple[Attachment, ...]:
+    if not isinstance(f.get(key), list):
+        f.fail(key, "expected a list of {containerID, ifname}")
     out = []
-    for i, a in enumerate(v):
-        if not isinstance(a, dict):
-            raise _bad(f"{where}[{i}]: expected an object")
+    for a in f.objects(key):
         cid, ifn = a.get("containerID"), a.get("ifname")
         if not isinstance(cid, str) or not isinstance(ifn, str):
-            raise _bad(f"{where}[{i}]: containerID and ifname must be strings")
+            a.fail("", "containerID and ifname must be strings")
         out.append(Attachment(cid, ifn))
     return tuple(out)
 

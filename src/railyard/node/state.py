@@ -53,6 +53,7 @@ from railyard.node.errors import StateError
 from railyard.node.files import fsync_dir, write_atomic
 from railyard.node.locks import FileLocks
 from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
+from railyard.records.fields import Fields
 
 log = logging.getLogger(__name__)
 
@@ -119,39 +120,19 @@ def record_to_json(r: PodRecord) -> dict[str, Any]:
     }
 
 
-def _str(d: dict, key: str, where: str) -> str:
-    v = d.get(key)
-    if not isinstance(v, str):
-        raise RecordError(f"{where}.{key}: expected a string")
-    return v
-
-
 def record_from_json(v: Any) -> PodRecord:
     """Decode one state file's document; RecordError names the bad field."""
-    if not isinstance(v, dict):
-        raise RecordError("record: expected an object")
-    if v.get("version") != FORMAT_VERSION:
-        raise RecordError(f"record.version: unsupported {v.get('version')!r}")
-    pod = v.get("pod")
-    if not isinstance(pod, dict):
-        raise RecordError("record.pod: expected an object")
-    key = PodKey(_str(pod, "uid", "pod"), _str(pod, "namespace", "pod"), _str(pod, "name", "pod"))
-    alloc = allocation_from_json(v.get("allocation"), "record.allocation")
-    consumed = []
-    raw = v.get("consumed", [])
-    if not isinstance(raw, list):
-        raise RecordError("record.consumed: expected a list")
-    for i, c in enumerate(raw):
-        where = f"record.consumed[{i}]"
-        if not isinstance(c, dict):
-            raise RecordError(f"{where}: expected an object")
-        ids = c.get("deviceIds")
-        if not isinstance(ids, list) or not all(isinstance(x, str) for x in ids):
-            raise RecordError(f"{where}.deviceIds: expected a list of strings")
-        consumed.append(Consumed(_str(c, "container", where), _str(c, "resource", where),
-                                 tuple(ids)))
+    f = Fields(v, "record", RecordError)
+    if f.get("version") != FORMAT_VERSION:
+        f.fail("version", f"unsupported {f.get('version')!r}")
+    pod = f.object("pod")
+    key = PodKey(pod.string("uid"), pod.string("namespace"), pod.string("name"))
+    alloc = allocation_from_json(f.get("allocation"), "record.allocation")
+    consumed = tuple(Consumed(c.string("container"), c.string("resource"),
+                              tuple(c.strings("deviceIds")))
+                     for c in f.objects("consumed", optional=True))
     # "sections" (written by older versions, never used) is read past: decision 0061.
-    return PodRecord(key, alloc, tuple(consumed))
+    return PodRecord(key, alloc, consumed)
 
 
 # ----------------------------------------------------------------------- the store

@@ -1,8 +1,8 @@
 """The one codec of the Allocation record (pod annotation `railyard.dev/allocation`).
 
 Every component reads and writes the decision through these functions. Decoding validates
-everything and names the offending field, because the input is a pod annotation anyone
-with write access to the pod could have edited.
+everything and names the offending field (`records.fields`), because the input is a pod
+annotation anyone with write access to the pod could have edited.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
-from railyard.topology.cpus import parse_cpulist
-from railyard.topology.model import PCI_ADDRESS_RE, Distance
+from railyard.records.fields import FieldError, Fields, kind_of
+from railyard.topology.model import Distance
 
 VERSION = 1
 # A NUMA node id as `memoryBytes` keys name it: canonical ASCII decimal, so that no two keys
@@ -22,8 +22,8 @@ VERSION = 1
 _NUMA_KEY = re.compile(r"0|[1-9][0-9]{0,5}", re.ASCII)
 
 
-class RecordError(ValueError):
-    """A record that cannot be decoded; the message names the field."""
+class RecordError(FieldError):
+    """A record that cannot be decoded (or encoded for a node): `path` names the field."""
 
 
 # ----------------------------------------------------------------------- encode
@@ -76,112 +76,60 @@ def encode_allocation(a: Allocation) -> str:
 # ----------------------------------------------------------------------- decode
 
 
-def _get(d: dict, key: str, where: str, types: type | tuple[type, ...], *,
-         nullable: bool = False, required: bool = True) -> Any:
-    if key not in d:
-        if required:
-            raise RecordError(f"{where}.{key}: missing")
-        return None
-    v = d[key]
-    if v is None and nullable:
-        return None
-    if isinstance(v, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
-        raise RecordError(f"{where}.{key}: expected {_tname(types)}, got a boolean")
-    if not isinstance(v, types):
-        raise RecordError(f"{where}.{key}: expected {_tname(types)}, got {type(v).__name__}")
-    return v
-
-
-def _tname(types: type | tuple[type, ...]) -> str:
-    ts = types if isinstance(types, tuple) else (types,)
-    names = {int: "integer", str: "string", list: "list", dict: "object"}
-    return " or ".join(names.get(t, t.__name__) for t in ts)
-
-
-def _pci(d: dict, key: str, where: str) -> str:
-    v = _get(d, key, where, str)
-    if not PCI_ADDRESS_RE.match(v):
-        raise RecordError(f"{where}.{key}: not a PCI address (dddd:bb:dd.f, domain of 4 to 8 "
-                          f"hex digits): {v[:40]!r}")
-    return v
-
-
-def _obj(v: Any, where: str) -> dict:
-    if not isinstance(v, dict):
-        raise RecordError(f"{where}: expected an object, got {type(v).__name__}")
-    return v
-
-
 def gpu_from_json(v: Any, where: str) -> GpuRef:
-    d = _obj(v, where)
-    index = _get(d, "index", where, int)
-    if index < 0:
-        raise RecordError(f"{where}.index: must not be negative")
-    return GpuRef(index, _pci(d, "pciAddress", where),
-                  _get(d, "uuid", where, str, nullable=True, required=False))
+    f = Fields(v, where, RecordError)
+    return GpuRef(f.integer("index"), f.pci_address("pciAddress"), f.string_or_null("uuid"))
 
 
 def nic_from_json(v: Any, where: str) -> NicRef:
-    d = _obj(v, where)
-    kind = _get(d, "kind", where, str)
-    if kind not in ("vf", "pf"):
-        raise RecordError(f"{where}.kind: expected 'vf' or 'pf', got {kind!r}")
-    addr, pf = _pci(d, "pciAddress", where), _pci(d, "pfPciAddress", where)
-    vf_index = _get(d, "vfIndex", where, int, nullable=True, required=False)
+    f = Fields(v, where, RecordError)
+    kind = f.one_of("kind", ("vf", "pf"))
+    addr, pf = f.pci_address("pciAddress"), f.pci_address("pfPciAddress")
+    vf_index = f.integer_or_null("vfIndex")
     if kind == "pf" and (pf != addr or vf_index is not None):
-        raise RecordError(f"{where}: a whole PF has pfPciAddress == pciAddress and no vfIndex")
-    if kind == "vf" and (vf_index is None or vf_index < 0 or pf == addr):
-        raise RecordError(f"{where}: a VF needs a vfIndex ≥ 0 and a PF address of its own")
-    return NicRef(kind, addr, pf, vf_index,
-                  _get(d, "rdmaDevice", where, str, nullable=True, required=False),
-                  _get(d, "netdev", where, str, nullable=True, required=False))
+        f.fail("", "a whole PF has pfPciAddress == pciAddress and no vfIndex")
+    if kind == "vf" and (vf_index is None or pf == addr):
+        f.fail("", "a VF needs a vfIndex ≥ 0 and a PF address of its own")
+    return NicRef(kind, addr, pf, vf_index,  # type: ignore[arg-type]
+                  f.string_or_null("rdmaDevice"), f.string_or_null("netdev"))
 
 
 def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
-    d = _obj(v, where)
-    version = _get(d, "version", where, int)
+    f = Fields(v, where, RecordError)
+    version = f.integer("version", minimum=None)
     if version != VERSION:
-        raise RecordError(f"{where}.version: unsupported version {version} (this reads {VERSION})")
-    decided_by = _get(d, "decidedBy", where, str)
-    if decided_by not in ("scheduler", "node"):
-        raise RecordError(f"{where}.decidedBy: expected 'scheduler' or 'node', got {decided_by!r}")
-    numa = _get(d, "numaNodes", where, list)
+        f.fail("version", f"unsupported version {version} (this reads {VERSION})")
+    decided_by = f.one_of("decidedBy", ("scheduler", "node"))
+    numa = f.array("numaNodes")
     for i, n in enumerate(numa):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise RecordError(f"{where}.numaNodes[{i}]: expected a NUMA node id")
-    cpus = _get(d, "cpus", where, str, nullable=True, required=False)
+        if type(n) is not int or n < 0:
+            f.fail(f"numaNodes[{i}]", "expected a NUMA node id (an integer ≥ 0), got "
+                                      f"{n if type(n) is int else kind_of(n)}")
+    cpus = f.string_or_null("cpus")
     if cpus:
-        try:  # refuses ids beyond MAX_CPU before expanding a range, and non-ASCII digits
-            parse_cpulist(cpus)
-        except ValueError as e:
-            raise RecordError(f"{where}.cpus: {e}") from None
-    mem_raw = _get(d, "memoryBytes", where, dict, required=False) or {}
+        f.cpulist("cpus")
     memory: list[tuple[int, int]] = []
-    for k, b in mem_raw.items():
-        if not _NUMA_KEY.fullmatch(k):
-            raise RecordError(f"{where}.memoryBytes: key {k[:40]!r} is not a NUMA node id "
-                              "(a decimal number without leading zeros)")
-        if isinstance(b, bool) or not isinstance(b, int) or b < 0:
-            raise RecordError(f"{where}.memoryBytes[{k}]: expected bytes as an integer")
+    for k, b in f.object("memoryBytes", optional=True).d.items():
+        if type(k) is not str or not _NUMA_KEY.fullmatch(k):
+            f.fail("memoryBytes", f"key {str(k)[:40]!r} is not a NUMA node id "
+                                  "(a decimal number without leading zeros)")
+        if type(b) is not int or b < 0:
+            f.fail(f"memoryBytes[{k}]", "expected bytes as an integer ≥ 0, got "
+                                           f"{b if type(b) is int else kind_of(b)}")
         memory.append((int(k), b))
     pairs = []
-    for i, p in enumerate(_get(d, "pairs", where, list)):
-        pw = f"{where}.pairs[{i}]"
-        pd = _obj(p, pw)
-        dist = _get(pd, "distance", pw, str)
+    for p in f.objects("pairs"):
         try:
-            distance = Distance.parse(dist)
+            distance = Distance.parse(p.string("distance"))
         except ValueError as e:
-            raise RecordError(f"{pw}.distance: {e}") from None
-        pairs.append(Pair(gpu_from_json(pd.get("gpu"), f"{pw}.gpu"),
-                          nic_from_json(pd.get("nic"), f"{pw}.nic"), distance))
-    nics = [nic_from_json(n, f"{where}.nics[{i}]")
-            for i, n in enumerate(_get(d, "nics", where, list, required=False) or [])]
-    gpus = [gpu_from_json(g, f"{where}.gpus[{i}]")
-            for i, g in enumerate(_get(d, "gpus", where, list, required=False) or [])]
+            p.fail("distance", str(e))
+        pairs.append(Pair(gpu_from_json(p.get("gpu"), p.at("gpu")),
+                          nic_from_json(p.get("nic"), p.at("nic")), distance))
+    nics = [nic_from_json(n, at) for n, at in f.items("nics", optional=True)]
+    gpus = [gpu_from_json(g, at) for g, at in f.items("gpus", optional=True)]
     _same_nic_same_fields(pairs, nics, where)
     return Allocation(
-        node=_get(d, "node", where, str),
+        node=f.string("node"),
         numa_nodes=tuple(numa),
         cpus=cpus,
         memory_bytes=tuple(sorted(memory)),
@@ -189,7 +137,7 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
         nics=tuple(nics),
         gpus=tuple(gpus),
         decided_by=decided_by,  # type: ignore[arg-type]
-        decided_at=_get(d, "decidedAt", where, str, nullable=True, required=False),
+        decided_at=f.string_or_null("decidedAt"),
         version=version,
     )
 
@@ -206,8 +154,7 @@ def _same_nic_same_fields(pairs: list[Pair], nics: list[NicRef], where: str) -> 
     for nic, at in named:
         seen = first.setdefault(nic.pci_address, (nic, at))
         if seen[0] != nic:
-            raise RecordError(f"{at}: {nic.pci_address} is also {seen[1]}, "
-                              "with other fields")
+            raise RecordError(at, f"{nic.pci_address} is also {seen[1]}, with other fields")
 
 
 def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocation:
@@ -215,7 +162,7 @@ def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocatio
     try:
         data = json.loads(text)
     except ValueError as e:  # also bad UTF-8 and integers past Python's 4,300-digit limit
-        raise RecordError(f"{where}: not valid JSON: {e}") from None
+        raise RecordError(where, f"not valid JSON: {e}") from None
     except RecursionError:  # "[[[[…" nested deeper than the parser's stack
-        raise RecordError(f"{where}: not valid JSON: nested too deeply") from None
+        raise RecordError(where, "not valid JSON: nested too deeply") from None
     return allocation_from_json(data, where)

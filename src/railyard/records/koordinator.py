@@ -39,14 +39,14 @@ def _rdma_entry(nic: NicRef, topology: NodeTopology, where: str) -> dict[str, An
     try:
         pf = topology.nic(nic.pf_pci_address)
     except KeyError:
-        raise RecordError(f"{where}.pfPciAddress: PF {nic.pf_pci_address} is not on "
-                          f"{topology.node}") from None
+        raise RecordError(f"{where}.pfPciAddress",
+                          f"PF {nic.pf_pci_address} is not on {topology.node}") from None
     if nic.kind == "vf" and not any(v.pci_address == nic.pci_address for v in pf.vfs):
         try:
             owner = f"a VF of {topology.vf(nic.pci_address)[0].pci_address}"
         except KeyError:
             owner = "not on the node"
-        raise RecordError(f"{where}.pciAddress: VF {nic.pci_address} is not a VF of "
+        raise RecordError(f"{where}.pciAddress", f"VF {nic.pci_address} is not a VF of "
                           f"{pf.pci_address} on {topology.node} ({owner})")
     entry: dict[str, Any] = {"minor": rdma_minor(pf.rdma_device), "id": pf.pci_address}
     if nic.kind == "pf":
@@ -74,7 +74,7 @@ def device_allocated_to_json(a: Allocation, topology: NodeTopology) -> dict[str,
     recorded under a PF it does not belong to.
     """
     if a.node != topology.node:
-        raise RecordError(f"allocation.node: {a.node!r} is not {topology.node!r}")
+        raise RecordError("allocation.node", f"{a.node!r} is not {topology.node!r}")
     gpus = []
     for i, g in enumerate(a.all_gpus):
         try:
@@ -82,8 +82,8 @@ def device_allocated_to_json(a: Allocation, topology: NodeTopology) -> dict[str,
         except KeyError:
             where = (f"allocation.pairs[{i}].gpu" if i < len(a.pairs)
                      else f"allocation.gpus[{i - len(a.pairs)}]")
-            raise RecordError(f"{where}.pciAddress: GPU {g.pci_address} is not "
-                              f"on {topology.node}") from None
+            raise RecordError(f"{where}.pciAddress",
+                              f"GPU {g.pci_address} is not on {topology.node}") from None
         gpus.append({
             "minor": gpu.index,
             "id": gpu.uuid or gpu.pci_address,

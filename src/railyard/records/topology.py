@@ -1,30 +1,26 @@
 """The one JSON codec of NodeTopology: `railyard discover --format json`, cluster files and the
 NodeTopology CR all embed this document (shape in docs/topology.md).
 
-Decoding validates once at the boundary and names the offending field
-(`nics[3].vfs[0].pciAddress: expected string`): the types, and what the core relies on beyond
-them — cpulists parse (ids up to MAX_CPU), addresses are PCI addresses, every GPU, PF and VF
-address and every NUMA id is listed once, the distance table is complete. Unknown keys are
-ignored, so a newer writer's additions do not break an older reader of the same version.
+Decoding validates once at the boundary and names the offending field through
+`records.fields` (`nics[3].vfs[0].pciAddress: expected a string, got null`): the types, and
+what the core relies on beyond them — cpulists parse (ids up to MAX_CPU), addresses are PCI
+addresses, every GPU, PF and VF address and every NUMA id is listed once, the distance table
+is complete. Unknown keys are ignored, so a newer writer's additions do not break an older
+reader of the same version.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from railyard.topology.cpus import parse_cpulist
-from railyard.topology.model import PCI_ADDRESS_RE, Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
+from railyard.records.fields import FieldError, Fields, kind_of
+from railyard.topology.model import Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
 
 VERSION = 1
 
 
-class TopologyFormatError(ValueError):
-    """A topology document that does not have the documented shape."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}" if field else problem)
-        self.field = field
-        self.problem = problem
+class TopologyFormatError(FieldError):
+    """A topology document that does not have the documented shape: `path` names the field."""
 
 
 # ---------------------------------------------------------------------------- encode
@@ -90,105 +86,20 @@ def _nic_to_json(n: Nic) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- decode
 
 
-class _Obj:
-    """A JSON object being decoded, with the path used in error messages."""
-
-    __slots__ = ("d", "where")
-
-    def __init__(self, value: Any, where: str) -> None:
-        if not isinstance(value, dict):
-            raise TopologyFormatError(where, f"expected object, got {_kind(value)}")
-        self.d = value
-        self.where = where
-
-    def _at(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def _get(self, key: str, optional: bool) -> Any:
-        if key not in self.d:
-            if optional:
-                return None
-            raise TopologyFormatError(self._at(key), "missing")
-        return self.d[key]
-
-    def string(self, key: str) -> str:
-        value = self._get(key, False)
-        if not isinstance(value, str):
-            raise TopologyFormatError(self._at(key), f"expected string, got {_kind(value)}")
-        return value
-
-    def pci_address(self, key: str) -> str:
-        value = self.string(key)
-        if not PCI_ADDRESS_RE.match(value):
-            raise TopologyFormatError(self._at(key), "not a PCI address (dddd:bb:dd.f, domain "
-                                                     f"of 4 to 8 hex digits): {value[:40]!r}")
-        return value
-
-    def cpulist(self, key: str) -> str:
-        value = self.string(key)
-        try:
-            parse_cpulist(value)
-        except ValueError as exc:
-            raise TopologyFormatError(self._at(key), str(exc)) from None
-        return value
-
-    def string_or_null(self, key: str) -> str | None:
-        value = self._get(key, True)
-        if value is not None and not isinstance(value, str):
-            raise TopologyFormatError(self._at(key),
-                                      f"expected string or null, got {_kind(value)}")
-        return value
-
-    def integer(self, key: str, minimum: int = 0) -> int:
-        value = self._get(key, False)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise TopologyFormatError(self._at(key), f"expected integer, got {_kind(value)}")
-        if value < minimum:
-            raise TopologyFormatError(self._at(key), f"expected ≥ {minimum}, got {value}")
-        return value
-
-    def integer_or_null(self, key: str) -> int | None:
-        if self._get(key, True) is None:
-            return None
-        return self.integer(key)
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self._get(key, True)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise TopologyFormatError(self._at(key), f"expected boolean, got {_kind(value)}")
-        return value
-
-    def object(self, key: str) -> _Obj:
-        return _Obj(self._get(key, False), self._at(key))
-
-    def array(self, key: str, optional: bool = False) -> list[tuple[Any, str]]:
-        value = self._get(key, optional)
-        if value is None and optional:
-            return []
-        if not isinstance(value, list):
-            raise TopologyFormatError(self._at(key), f"expected array, got {_kind(value)}")
-        return [(item, f"{self._at(key)}[{i}]") for i, item in enumerate(value)]
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "boolean", int: "integer", float: "number", str: "string", list: "array",
-            dict: "object"}.get(type(value), type(value).__name__)
+def _obj(value: Any, where: str) -> Fields:
+    return Fields(value, where, TopologyFormatError)
 
 
 def topology_from_json(document: Any) -> NodeTopology:
     """Decode and validate a topology document; raises TopologyFormatError naming the field."""
-    top = _Obj(document, "")
+    top = _obj(document, "")
     version = top.integer("version")
     if version != VERSION:
-        raise TopologyFormatError("version", f"unsupported version {version}, expected {VERSION}")
+        top.fail("version", f"unsupported version {version}, expected {VERSION}")
     numa = tuple(
         NumaNode(id=o.integer("id"), cpus=o.cpulist("cpus"),
                  memory_bytes=o.integer("memoryBytes"))
-        for o in (_Obj(v, w) for v, w in top.array("numaNodes"))
+        for o in top.objects("numaNodes")
     )
     for i, n in enumerate(numa):
         if any(m.id == n.id for m in numa[:i]):
@@ -204,16 +115,16 @@ def topology_from_json(document: Any) -> NodeTopology:
             pcie_root=o.string("pcieRoot"),
             switch=o.string_or_null("switch"),
         )
-        for o in (_Obj(v, w) for v, w in top.array("gpus"))
+        for o in top.objects("gpus")
     )
-    nics = tuple(_nic_from_json(_Obj(v, w)) for v, w in top.array("nics"))
+    nics = tuple(_nic_from_json(o) for o in top.objects("nics"))
     _unique_addresses(gpus, nics)
     distance = _distance_from_json(top, gpus, nics)
     return NodeTopology(node=top.string("node"), numa_nodes=numa, gpus=gpus, nics=nics,
                         distance=distance, version=version)
 
 
-def _nic_from_json(o: _Obj) -> Nic:
+def _nic_from_json(o: Fields) -> Nic:
     vfs = tuple(
         Vf(
             pci_address=v.pci_address("pciAddress"),
@@ -223,7 +134,7 @@ def _nic_from_json(o: _Obj) -> Nic:
             driver=v.string_or_null("driver"),
             uverbs=v.string_or_null("uverbs"),
         )
-        for v in (_Obj(item, w) for item, w in o.array("vfs", optional=True))
+        for v in o.objects("vfs", optional=True)
     )
     return Nic(
         pci_address=o.pci_address("pciAddress"),
@@ -258,7 +169,7 @@ def _unique_addresses(gpus: tuple[Gpu, ...], nics: tuple[Nic, ...]) -> None:
         seen[address] = field
 
 
-def _distance_from_json(top: _Obj, gpus: tuple[Gpu, ...],
+def _distance_from_json(top: Fields, gpus: tuple[Gpu, ...],
                         nics: tuple[Nic, ...]) -> dict[str, dict[str, Distance]]:
     """The full GPU × NIC table: the allocator looks up every pair, so none may be missing."""
     table = top.object("distance")
@@ -273,7 +184,7 @@ def _distance_from_json(top: _Obj, gpus: tuple[Gpu, ...],
         where = f'distance["{g.pci_address}"]'
         if g.pci_address not in table.d:
             raise TopologyFormatError(where, "missing row for this GPU")
-        row = _Obj(table.d[g.pci_address], where)
+        row = _obj(table.d[g.pci_address], where)
         for key in row.d:
             if key not in nic_set:
                 raise TopologyFormatError(f'{where}["{key}"]', "not the address of a listed NIC")
@@ -283,8 +194,8 @@ def _distance_from_json(top: _Obj, gpus: tuple[Gpu, ...],
             if nic not in row.d:
                 raise TopologyFormatError(at, "missing")
             value = row.d[nic]
-            if not isinstance(value, str):
-                raise TopologyFormatError(at, f"expected string, got {_kind(value)}")
+            if type(value) is not str:
+                raise TopologyFormatError(at, f"expected a string, got {kind_of(value)}")
             try:
                 out[g.pci_address][nic] = Distance.parse(value)
             except ValueError as exc:

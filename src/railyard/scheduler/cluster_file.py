@@ -19,13 +19,15 @@ import yaml
 from railyard.allocation.types import Allocation
 from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, MAX_VFS_PER_PF, build_topology, profile
 from railyard.records.allocation import RecordError, allocation_from_json, allocation_to_json
+from railyard.records.fields import FieldError, Fields
 from railyard.topology.model import NodeTopology
 
 MAX_SPEC_NODES = 100_000  # per profile in a short spec; the extender is measured at 5,000
 
 
-class ClusterFileError(ValueError):
-    """A cluster file or spec that cannot be used; the message names the field."""
+class ClusterFileError(FieldError):
+    """A cluster file or spec that cannot be used: `path` names the field (or the spec's part,
+    or the pod), `document` the file."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,32 +68,21 @@ def pod_to_json(p: BoundPod) -> dict[str, Any]:
     }
 
 
-def _str(d: dict, key: str, where: str) -> str:
-    v = d.get(key)
-    if not isinstance(v, str) or not v:
-        raise ClusterFileError(f"{where}.{key}: expected a non-empty string")
-    return v
-
-
 def pod_from_json(v: Any, where: str) -> BoundPod:
-    if not isinstance(v, dict):
-        raise ClusterFileError(f"{where}: expected an object")
-    unknown = set(v) - {"namespace", "name", "uid", "node", "allocation"}
-    if unknown:
-        raise ClusterFileError(f"{where}.{sorted(unknown)[0]}: unknown key")
-    node = _str(v, "node", where)
-    raw = v.get("allocation")
+    f = Fields(v, where, ClusterFileError)
+    f.only(("namespace", "name", "uid", "node", "allocation"))
+    node = f.string("node", nonempty=True)
+    raw = f.get("allocation")
     alloc = None
     if raw is not None:
         try:
-            alloc = allocation_from_json(raw, f"{where}.allocation")
+            alloc = allocation_from_json(raw, f.at("allocation"))
         except RecordError as e:
-            raise ClusterFileError(str(e)) from None
+            raise ClusterFileError(e.path, e.reason) from None
         if alloc.node != node:
-            raise ClusterFileError(
-                f"{where}.allocation.node: {alloc.node!r} differs from the pod's node {node!r}")
-    return BoundPod(_str(v, "namespace", where), _str(v, "name", where), _str(v, "uid", where),
-                    node, alloc)
+            f.fail("allocation.node", f"{alloc.node!r} differs from the pod's node {node!r}")
+    return BoundPod(f.string("namespace", nonempty=True), f.string("name", nonempty=True),
+                    f.string("uid", nonempty=True), node, alloc)
 
 
 # ------------------------------------------------------------------------ nodes
@@ -110,67 +101,55 @@ def _profile_topology(name: str, vfs_per_pf: int, node: str,
 
 def _node_from_json(v: Any, where: str,
                     built: dict[tuple[str, int], NodeTopology]) -> NodeTopology:
-    if not isinstance(v, dict):
-        raise ClusterFileError(f"{where}: expected an object")
-    unknown = set(v) - {"name", "profile", "vfsPerPf", "topology"}
-    if unknown:
-        raise ClusterFileError(f"{where}.{sorted(unknown)[0]}: unknown key "
-                               "(known: name, profile, vfsPerPf, topology)")
-    name = _str(v, "name", where)
-    if ("profile" in v) == ("topology" in v):
-        raise ClusterFileError(f"{where}: give exactly one of 'profile' or 'topology'")
-    if "profile" in v:
-        vfs = v.get("vfsPerPf", DEFAULT_VFS_PER_PF)
-        if isinstance(vfs, bool) or not isinstance(vfs, int) or not 0 <= vfs <= MAX_VFS_PER_PF:
-            raise ClusterFileError(f"{where}.vfsPerPf: expected an integer 0..{MAX_VFS_PER_PF}")
+    f = Fields(v, where, ClusterFileError)
+    f.only(("name", "profile", "vfsPerPf", "topology"))
+    name = f.string("name", nonempty=True)
+    if ("profile" in f) == ("topology" in f):
+        f.fail("", "give exactly one of 'profile' or 'topology'")
+    if "profile" in f:
+        vfs = f.integer("vfsPerPf", 0, MAX_VFS_PER_PF, default=DEFAULT_VFS_PER_PF)
+        profile_name = f.string("profile", nonempty=True)
         try:
-            return _profile_topology(_str(v, "profile", where), vfs, name, built)
+            return _profile_topology(profile_name, vfs, name, built)
         except ValueError as e:
-            raise ClusterFileError(f"{where}.profile: {e}") from None
-    if "vfsPerPf" in v:
-        raise ClusterFileError(f"{where}.vfsPerPf: only meaningful with 'profile'")
+            f.fail("profile", str(e))
+    if "vfsPerPf" in f:
+        f.fail("vfsPerPf", "only meaningful with 'profile'")
     # The codec of `railyard discover --format json`; imported here so profile-only
     # cluster files work whatever state that module is in.
-    from railyard.records.topology import topology_from_json
+    from railyard.records.topology import TopologyFormatError, topology_from_json
 
     try:
-        topo = topology_from_json(v["topology"])
+        topo = topology_from_json(f.get("topology"))
+    except TopologyFormatError as e:
+        raise ClusterFileError(e.under(f.at("topology")).path, e.reason) from None
     except (ValueError, KeyError, TypeError) as e:
-        raise ClusterFileError(f"{where}.topology: {e}") from None
+        f.fail("topology", str(e))
     return topo if topo.node == name else dataclasses.replace(topo, node=name)
 
 
 def cluster_from_json(data: Any, where: str = "cluster") -> Cluster:
     """Validate a parsed cluster document: unique node names, pods on known nodes."""
-    if not isinstance(data, dict):
-        raise ClusterFileError(f"{where}: expected an object with 'nodes'")
-    unknown = set(data) - {"nodes", "pods"}
-    if unknown:
-        raise ClusterFileError(f"{where}.{sorted(unknown)[0]}: unknown key (known: nodes, pods)")
-    nodes = data.get("nodes")
-    if not isinstance(nodes, list):
-        raise ClusterFileError(f"{where}.nodes: expected a list")
+    f = Fields(data, where, ClusterFileError)
+    f.only(("nodes", "pods"))
     built: dict[tuple[str, int], NodeTopology] = {}
     topologies: list[NodeTopology] = []
     seen: set[str] = set()
-    for i, n in enumerate(nodes):
+    for i, n in enumerate(f.array("nodes")):
         t = _node_from_json(n, f"nodes[{i}]", built)
         if t.node in seen:
-            raise ClusterFileError(f"nodes[{i}].name: duplicate node {t.node!r}")
+            raise ClusterFileError(f"nodes[{i}].name", f"duplicate node {t.node!r}")
         seen.add(t.node)
         topologies.append(t)
-    pods_raw = data.get("pods")
-    pods_raw = [] if pods_raw is None else pods_raw
-    if not isinstance(pods_raw, list):
-        raise ClusterFileError(f"{where}.pods: expected a list")
     pods: list[BoundPod] = []
     uids: set[str] = set()
+    pods_raw = f.array("pods") if f.get("pods") is not None else []  # null: no pods
     for i, p in enumerate(pods_raw):
         pod = pod_from_json(p, f"pods[{i}]")
         if pod.node not in seen:
-            raise ClusterFileError(f"pods[{i}].node: unknown node {pod.node!r}")
+            raise ClusterFileError(f"pods[{i}].node", f"unknown node {pod.node!r}")
         if pod.uid in uids:
-            raise ClusterFileError(f"pods[{i}].uid: duplicate uid {pod.uid!r}")
+            raise ClusterFileError(f"pods[{i}].uid", f"duplicate uid {pod.uid!r}")
         uids.add(pod.uid)
         pods.append(pod)
     return Cluster(tuple(topologies), tuple(pods))
@@ -182,18 +161,18 @@ def load_cluster(path: str | Path) -> Cluster:
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ClusterFileError(f"{p}: cannot read: {e}") from None
+        raise ClusterFileError("", f"cannot read: {e}", document=str(p)) from None
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):  # not JSON (or too long an integer, too deep): YAML
         try:
             data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         except (yaml.YAMLError, ValueError, RecursionError) as e:  # ValueError: long integer
-            raise ClusterFileError(f"{p}: neither JSON nor YAML: {e}") from None
+            raise ClusterFileError("", f"neither JSON nor YAML: {e}", document=str(p)) from None
     try:
         return cluster_from_json(data)
     except ClusterFileError as e:
-        raise ClusterFileError(f"{p}: {e}") from None
+        raise e.in_document(str(p)) from None
 
 
 def cluster_from_spec(spec: str, vfs_per_pf: int = DEFAULT_VFS_PER_PF) -> Cluster:
@@ -207,7 +186,7 @@ def cluster_from_spec(spec: str, vfs_per_pf: int = DEFAULT_VFS_PER_PF) -> Cluste
     seen: set[str] = set()
     parts = [p.strip() for p in spec.split(",") if p.strip()]
     if not parts:
-        raise ClusterFileError(f"cluster spec {spec!r}: expected profile:count[,profile:count…]")
+        raise ClusterFileError(f"cluster spec {spec!r}", "expected profile:count[,profile:count…]")
     for part in parts:
         name, sep, count_text = part.partition(":")
         name = name.strip()
@@ -216,19 +195,20 @@ def cluster_from_spec(spec: str, vfs_per_pf: int = DEFAULT_VFS_PER_PF) -> Cluste
         except ValueError:
             count = -1
         if count < 1:
-            raise ClusterFileError(f"cluster spec part {part!r}: count must be a positive integer")
+            raise ClusterFileError(f"cluster spec part {part!r}",
+                                   "count must be a positive integer")
         if count > MAX_SPEC_NODES:
             # A typo ("dgx-h100:5000000") would otherwise build millions of nodes in memory.
-            raise ClusterFileError(f"cluster spec part {part!r}: at most {MAX_SPEC_NODES:,} "
-                                   "nodes per profile")
+            raise ClusterFileError(f"cluster spec part {part!r}",
+                                   f"at most {MAX_SPEC_NODES:,} nodes per profile")
         if name in seen:
-            raise ClusterFileError(f"cluster spec part {part!r}: profile {name!r} given twice")
+            raise ClusterFileError(f"cluster spec part {part!r}", f"profile {name!r} given twice")
         seen.add(name)
         width = max(3, len(str(count - 1)))
         for i in range(count):
             try:
                 t = _profile_topology(name, vfs_per_pf, f"{name}-{i:0{width}d}", built)
             except ValueError as e:
-                raise ClusterFileError(f"cluster spec part {part!r}: {e}") from None
+                raise ClusterFileError(f"cluster spec part {part!r}", str(e)) from None
             topologies.append(t)
     return Cluster(tuple(topologies))
