@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
@@ -213,9 +213,9 @@ class ClusterState:
     def _grouped(self, names: list[str]) -> tuple[list[_Group | None], dict[_Group, str]]:
         """Each name's group (None: unknown node), and one member name per group."""
         of_name = list(map(self._group_of_name.get, names))
-        some_member = dict(zip(of_name, names, strict=True))
-        some_member.pop(None, None)  # type: ignore[call-overload]
-        return of_name, some_member  # type: ignore[return-value]
+        some_member: dict[_Group | None, str] = dict(zip(of_name, names, strict=True))
+        some_member.pop(None, None)  # no None key is left: the cast says so
+        return of_name, cast(dict[_Group, str], some_member)
 
     def _answer(self, g: _Group, member: str, request: Request, shape: tuple,
                 score: bool) -> _Answer:
@@ -229,6 +229,7 @@ class ClusterState:
         topology, empty = node.topology, node.empty
         if g is empty:
             return self._ask(g, self._blank[empty], topology, request, shape, score)
+        free_gpus = 0  # set below whenever the node has not moved, the only case that reads it
         with node.lock:
             ledger = node.ledger
             moved = ledger is None or self._group_of_name.get(member) is not g
