@@ -112,10 +112,10 @@ class Agent:
                                    served=tuple(self.lists))
         await self._scan_health()
         resource = {"gpu": names.gpu, "vf": names.vf, "pf": names.pf}
-        for kind, devices in self.lists.items():
-            self.endpoints[kind] = PluginEndpoint(resource[kind], devices, self.admission,
+        for kind, listed in self.lists.items():
+            self.endpoints[kind] = PluginEndpoint(resource[kind], listed, self.admission,
                                                   self.paths)
-            log.info("%s: %d devices offered", resource[kind], len(devices.devices))
+            log.info("%s: %d devices offered", resource[kind], len(listed.devices))
         watched = {ep.folder for ep in self.endpoints.values()}
         if not self.paths.watcher_mode:
             watched.add(self.paths.device_plugins)

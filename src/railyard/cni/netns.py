@@ -8,6 +8,7 @@ those sockets with pyroute2's rtnetlink message codecs.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import errno
@@ -19,7 +20,14 @@ import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST
+from pyroute2.netlink import (
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    nlmsg,
+)
 from pyroute2.netlink.rtnl import (
     RTM_DELLINKPROP,
     RTM_GETADDR,
@@ -193,7 +201,8 @@ class Links:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, msg, kind: int, flags: int = 0, raw_attrs: bytes = b"") -> list:
+    def _request(self, msg: nlmsg, kind: int, flags: int = 0,
+                 raw_attrs: bytes = b"") -> list[nlmsg]:
         """Send one request; the decoded replies (a dump's parts), or NetlinkFailure.
 
         `raw_attrs` are appended as encoded (for attributes pyroute2 cannot write empty)."""
@@ -207,7 +216,7 @@ class Links:
             data = struct.pack("=I", len(data) + len(raw_attrs)) + data[4:] + raw_attrs
         self._sock.send(data)
         cls = type(msg)
-        replies = []
+        replies: list[nlmsg] = []
         while True:
             # A link's message can outgrow any fixed buffer (a pod may give one of its links
             # ~64 KiB of altnames): ask the datagram's size first, as iproute2 does.
@@ -235,7 +244,7 @@ class Links:
                     replies.append(reply)
                 off += (length + 3) & ~3
 
-    def _do(self, op: str, device: str, msg, kind: int, flags: int = 0) -> list:
+    def _do(self, op: str, device: str, msg: nlmsg, kind: int, flags: int = 0) -> list[nlmsg]:
         try:
             return self._request(msg, kind, flags)
         except NetlinkFailure as e:
@@ -266,7 +275,7 @@ class Links:
         kernels rename only a link that is down."""
         msg = ifinfmsg()
         msg["index"] = link.index
-        attrs = []
+        attrs: list[tuple[str, str | int]] = []
         if name is not None and name != link.name:
             attrs.append(("IFLA_IFNAME", name))
         if mtu is not None and mtu != link.mtu:
@@ -347,9 +356,9 @@ class Links:
                 raise LinkError(f"add address {cidr}", link.name, e.code,
                                 os.strerror(e.code)) from None
 
-    def addresses(self, link: Link) -> set[str]:
+    def addresses(self, link: Link) -> builtins.set[str]:  # `set` here is Links.set
         msg = ifaddrmsg()
-        out = set()
+        out: builtins.set[str] = set()
         for m in self._request(msg, RTM_GETADDR, NLM_F_DUMP):
             if m["index"] == link.index:
                 out.add(f"{m.get_attr('IFA_ADDRESS')}/{m['prefixlen']}")

@@ -17,7 +17,8 @@ import socket
 import socketserver
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from railyard.cni.grants import (
     KubeletPodResources,
@@ -25,7 +26,7 @@ from railyard.cni.grants import (
     StoreGrants,
     default_node_name,
 )
-from railyard.cni.plugin import Plugin, Settings
+from railyard.cni.plugin import Plugin, Reply, Settings
 from railyard.cni.rdma import RdmaNetlink, RdmaNetns
 from railyard.cni.shim import (
     MAGIC,
@@ -126,7 +127,7 @@ class CniServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         finally:
             os.umask(old)
 
-    def call(self, env: dict, stdin: bytes):
+    def call(self, env: Mapping[str, str], stdin: bytes) -> Reply:
         return self.plugin.handle(env, stdin)
 
     def server_close(self) -> None:
@@ -162,7 +163,7 @@ def start(plugin: Plugin, socket_path: str = CNI_SOCKET) -> RunningService:
 
 
 def serve(state_dir: str, socket_path: str = CNI_SOCKET, *,
-          ready: Callable[[], None] | None = None, **settings) -> None:
+          ready: Callable[[], None] | None = None, **settings: Any) -> None:
     """Serve until interrupted; `settings` go to `build_plugin`."""
     plugin = build_plugin(state_dir, **settings)
     server = CniServer(socket_path, plugin)

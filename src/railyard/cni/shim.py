@@ -43,7 +43,7 @@ def encode_request(env: dict, stdin: bytes) -> bytes:
     return MAGIC + _u32(len(blob)) + blob + _u32(len(stdin)) + stdin
 
 
-def decode_env(blob: bytes) -> dict:
+def decode_env(blob: bytes) -> "dict[str, str]":  # quoted: the shim runs on python3 >= 3.8
     env = {}
     for item in blob.split(b"\0"):
         if item:
@@ -52,8 +52,9 @@ def decode_env(blob: bytes) -> dict:
     return env
 
 
-def recv_exact(sock, n: int) -> bytes:
-    chunks, got = [], 0
+def recv_exact(sock: _socket.socket, n: int) -> bytes:
+    chunks: list[bytes] = []
+    got = 0
     while got < n:
         chunk = sock.recv(min(n - got, 1 << 20))
         if not chunk:
@@ -63,7 +64,7 @@ def recv_exact(sock, n: int) -> bytes:
     return b"".join(chunks)
 
 
-def recv_blob(sock) -> bytes:
+def recv_blob(sock: _socket.socket) -> bytes:
     n = int.from_bytes(recv_exact(sock, 4), "big")
     if n > _MAX_FRAME:
         raise ConnectionError(f"frame of {n} bytes is larger than {_MAX_FRAME}")
@@ -95,13 +96,15 @@ class _JsonContext:
         raise ValueError(f"{name} is not JSON")
 
 
-def loads(data: bytes):
+def loads(data: bytes) -> object:
     """json.loads through the C scanner alone: importing `json` costs another 10 ms per call
     (it pulls in `re`), and configs naming `agentSocket` are parsed on every call."""
     try:
         import _json
 
-        scan = _json.make_scanner(_JsonContext)
+        # The C scanner reads only the attributes _JsonContext has; typeshed asks for a
+        # whole JSONDecoder.
+        scan = _json.make_scanner(_JsonContext)  # type: ignore[arg-type]
     except (ImportError, AttributeError):
         import json
 
@@ -116,7 +119,7 @@ def loads(data: bytes):
     return value
 
 
-def _config(stdin: bytes):
+def _config(stdin: bytes) -> "dict[str, object] | None":  # quoted: python3 >= 3.8
     """The network config, parsed only when a key the shim acts on may be in it."""
     if stdin.lstrip()[:1] == b"{" and b"agentSocket" not in stdin \
             and b"standalone" not in stdin:
@@ -200,9 +203,10 @@ def main() -> None:
 def _asked_version(stdin: bytes) -> str:
     """The config's cniVersion when this plugin speaks it, else the latest (for replies)."""
     try:
-        asked = loads(stdin).get("cniVersion")
-    except (ValueError, AttributeError):
-        asked = None
+        conf = loads(stdin)
+    except ValueError:
+        conf = None
+    asked = conf.get("cniVersion") if isinstance(conf, dict) else None
     return asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
