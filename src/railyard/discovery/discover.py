@@ -395,16 +395,16 @@ class _Reader:
             if address in claimed:
                 continue
             pf_folder = fs.resolve_link(f"{f.dir}/physfn")
-            pf = pf_by_address.get(os.path.basename(pf_folder)) if pf_folder else None
-            if pf is None:
+            owner = pf_by_address.get(os.path.basename(pf_folder)) if pf_folder else None
+            if owner is None:
                 fs.warn(f"{f.dir}/physfn", "VF whose PF is not a listed network function; "
                                            "skipped")
                 continue
-            index = self._vf_index_from_routing_id(pf, address)
-            fs.warn(pf.dir, f"no virtfn link to its VF {address}; VF index {index} derived "
-                            "from sriov_offset/sriov_stride")
-            claimed[address] = pf.address
-            vfs_of[pf.address].append((index, address, f.dir))
+            index = self._vf_index_from_routing_id(owner, address)
+            fs.warn(owner.dir, f"no virtfn link to its VF {address}; VF index {index} derived "
+                               "from sriov_offset/sriov_stride")
+            claimed[address] = owner.address
+            vfs_of[owner.address].append((index, address, f.dir))
 
         rows = []
         for pf in pfs:
@@ -534,7 +534,7 @@ def _with_default_route(nic: Nic, netdevs: list[str], routed: frozenset[str]) ->
 def _nvml_uuids(addresses: list[str]) -> dict[str, str]:
     """GPU UUIDs from NVML when the optional `nvidia-ml-py` is installed and a driver runs."""
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # optional; untyped (pyproject's mypy overrides)
     except ImportError:
         return {}
     try:

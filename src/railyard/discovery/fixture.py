@@ -128,10 +128,10 @@ class _Writer:
         gpu_minor = 0
         for f in functions:
             if isinstance(f.spec, GpuSpec):
-                self._gpu(f, gpu_minor)
+                self._gpu(f, f.spec, gpu_minor)
                 gpu_minor += f.spec.vendor == "0x10de"
             else:
-                self._nic(f)
+                self._nic(f, f.spec)
         self._loopback()
         t.file("sys/class/infiniband_verbs/abi_version", "6")
         t.file("sys/bus/pci/drivers_autoprobe", "1")
@@ -229,8 +229,7 @@ class _Writer:
         self.t.link(f"{folder}/driver", drivers)
         self.t.link(f"{drivers}/{address}", folder)
 
-    def _gpu(self, f: PlacedFunction, minor: int) -> None:
-        s: GpuSpec = f.spec  # type: ignore[assignment]
+    def _gpu(self, f: PlacedFunction, s: GpuSpec, minor: int) -> None:
         folder = self._folder(f.path.root_complex, f.path.bridges, f.address)
         self._pci_function(folder, f.address, s.vendor, s.device, s.pci_class, f.numa, s.driver)
         if s.vendor == "0x10de" and s.has_uuid:
@@ -249,8 +248,7 @@ class _Writer:
 
     # -------------------------------------------------------------------------- NICs
 
-    def _nic(self, f: PlacedFunction) -> None:
-        s: NicSpec = f.spec  # type: ignore[assignment]
+    def _nic(self, f: PlacedFunction, s: NicSpec) -> None:
         folder = self._folder(f.path.root_complex, f.path.bridges, f.address)
         self._pci_function(folder, f.address, s.vendor, s.device, s.pci_class, f.numa, s.driver)
         vfs = vfs_of(f, self.vfs_per_pf)

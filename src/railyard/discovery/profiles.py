@@ -9,7 +9,9 @@ Everything is deterministic: same profile, same addresses, names and UUIDs.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from railyard.topology.model import (
     Gpu,
@@ -53,8 +55,8 @@ class NicSpec:
     vf_device: str = "0x101e"
     pci_class: str = "0x020700"
     driver: str = "mlx5_core"
-    link_layer: str = "InfiniBand"
-    rate: str = "400 Gb/sec (4X NDR)"
+    link_layer: str | None = "InfiniBand"  # None: not an RDMA port (a management NIC)
+    rate: str | None = "400 Gb/sec (4X NDR)"
     compute: bool = False  # compute NICs get VFs; storage and management NICs do not
     total_vfs: int = MAX_VFS_PER_PF
     default_route: bool = False
@@ -68,6 +70,11 @@ class SwitchSpec:
     children: tuple[GpuSpec | NicSpec | SwitchSpec, ...]
     vendor: str = "0x1000"
     device: str = "0xc030"
+
+
+# What sits below a root port or a switch port.
+Child = GpuSpec | NicSpec | SwitchSpec
+_S = TypeVar("_S", GpuSpec, NicSpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,15 +158,15 @@ def layout(spec: ProfileSpec) -> Layout:
     return out
 
 
-def _by_bus(children) -> list[list]:
+def _by_bus(children: Iterable[Child]) -> list[list[Child]]:
     """Functions of one device (a dual-port NIC) share the bus, so they share a port."""
-    by_bus: dict[int, list] = {}
+    by_bus: dict[int, list[Child]] = {}
     for c in children:
         by_bus.setdefault(c.bus, []).append(c)
     return [group for _, group in sorted(by_bus.items())]
 
 
-def _place(out: Layout, root: RootSpec, path: PciePath, child) -> None:
+def _place(out: Layout, root: RootSpec, path: PciePath, child: Child) -> None:
     if isinstance(child, SwitchSpec):
         up = bdf(root.domain, child.bus, 0, 0)
         out.bridges.append(
@@ -178,6 +185,11 @@ def _place(out: Layout, root: RootSpec, path: PciePath, child) -> None:
         fn = child.function if isinstance(child, NicSpec) else 0
         out.functions.append(PlacedFunction(bdf(root.domain, child.bus, 0, fn), path, root.numa,
                                             child))
+
+
+def _specs(funcs: Iterable[PlacedFunction], kind: type[_S]) -> list[tuple[PlacedFunction, _S]]:
+    """The functions whose spec is a `kind`, in their order, each with that spec."""
+    return [(f, f.spec) for f in funcs if isinstance(f.spec, kind)]
 
 
 def gpu_uuid(profile: str, address: str) -> str:
@@ -202,23 +214,23 @@ def vfs_of(placed: PlacedFunction, vfs_per_pf: int) -> list[str]:
 
 def rdma_names(lay: Layout, vfs_per_pf: int) -> RdmaNames:
     """Name VFs' RDMA devices after the PFs' (mlx5_N continues the PF numbering)."""
-    nics = [f for f in lay.functions if isinstance(f.spec, NicSpec) and f.spec.rdma_device]
-    rdma = {f.address: f.spec.rdma_device for f in nics}
+    nics = [(f, s) for f, s in _specs(lay.functions, NicSpec) if s.rdma_device]
+    rdma = {f.address: s.rdma_device for f, s in nics if s.rdma_device}
     next_mlx = 1 + max(
         (int(n.split("_")[1]) for n in rdma.values() if n.startswith("mlx5_")
          and n.split("_")[1].isdigit()),
         default=-1,
     )
     vf_netdev: dict[str, str] = {}
-    for f in sorted(nics, key=lambda f: f.address):
+    for f, s in sorted(nics, key=lambda fs: fs[0].address):
         for i, vf in enumerate(vfs_of(f, vfs_per_pf)):
-            pf_rdma = f.spec.rdma_device
+            pf_rdma = rdma[f.address]
             if pf_rdma.startswith("mlx5_"):
                 rdma[vf] = f"mlx5_{next_mlx}"
                 next_mlx += 1
             else:
                 rdma[vf] = f"{pf_rdma}v{i}"
-            vf_netdev[vf] = f"{f.spec.netdev}v{i}"
+            vf_netdev[vf] = f"{s.netdev}v{i}"
     # The kernel numbers verbs devices in registration order; PFs probe first, then VFs.
     order = sorted(rdma, key=lambda a: (a in vf_netdev, a))
     uverbs = {a: f"uverbs{i}" for i, a in enumerate(order)}
@@ -242,17 +254,16 @@ def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
             index=i,
             pci_address=f.address,
             numa_node=f.numa,
-            uuid=gpu_uuid(spec.name, f.address) if f.spec.has_uuid else None,
-            vendor=f.spec.vendor,
-            device=f.spec.device,
+            uuid=gpu_uuid(spec.name, f.address) if g.has_uuid else None,
+            vendor=g.vendor,
+            device=g.device,
             pcie_root=f.path.root_complex,
             switch=f.path.nearest_switch,
         )
-        for i, f in enumerate(gpu_funcs)
+        for i, (f, g) in enumerate(_specs(gpu_funcs, GpuSpec))
     )
     nics = []
-    for f in nic_funcs:
-        s: NicSpec = f.spec  # type: ignore[assignment]
+    for f, s in _specs(nic_funcs, NicSpec):
         vfs = tuple(
             Vf(pci_address=a, vf_index=i, rdma_device=names.rdma[a], netdev=names.vf_netdev[a],
                driver=s.driver, uverbs=names.uverbs[a])
@@ -294,11 +305,13 @@ def _h100_group(root: int, gpu_bus: int, nic_bus: int, rdma: str, netdev: str,
 
 def _storage(bus: int, first: str, netdev: str) -> tuple[NicSpec, NicSpec]:
     n = int(first.split("_")[1])
-    return tuple(  # type: ignore[return-value]
-        NicSpec(bus=bus, function=f, netdev=f"{netdev}f{f}np{f}", rdma_device=f"mlx5_{n + f}",
-                pci_class="0x020000", link_layer="Ethernet", rate="200 Gb/sec (2X NDR)")
-        for f in (0, 1)
-    )
+
+    def port(f: int) -> NicSpec:
+        return NicSpec(bus=bus, function=f, netdev=f"{netdev}f{f}np{f}",
+                       rdma_device=f"mlx5_{n + f}", pci_class="0x020000",
+                       link_layer="Ethernet", rate="200 Gb/sec (2X NDR)")
+
+    return port(0), port(1)
 
 
 _H100_NUMA = (NumaSpec("0-55,112-167", TiB), NumaSpec("56-111,168-223", TiB))
