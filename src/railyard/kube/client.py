@@ -1,0 +1,237 @@
+"""The few API verbs Railyard uses, over one aiohttp session and msgspec (decision 0071):
+get, a paged list, create, patch, put, delete and a watch stream of raw lines.
+
+Every request takes a token from the client's rate limit (QPS/burst) and has a timeout; a
+watch has a read timeout (the server sends a bookmark about once a minute, so a silent
+connection is a dead one) and a limit on the size of one event line, so what the server
+sends is bounded in both time and memory. Errors are `ApiError(status, reason, message)`
+carrying the server's Status; a connection that fails is `ApiUnavailable`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, TypeVar
+
+import aiohttp
+import msgspec
+
+from railyard.kube.config import KubeConfig
+from railyard.kube.objects import ObjectList, Status
+from railyard.kube.ratelimit import RateLimit
+
+T = TypeVar("T")
+
+DEFAULT_QPS = 50.0
+DEFAULT_BURST = 100
+REQUEST_TIMEOUT_S = 30.0
+# One watch event line (one object): 16 MiB is well above the 1.5 MiB etcd lets an object be.
+MAX_LINE_BYTES = 16 << 20
+WATCH_READ_TIMEOUT_S = 120.0
+PAGE_SIZE = 500
+
+_decode_status = msgspec.json.Decoder(Status).decode
+
+
+class ApiError(Exception):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, reason: str, message: str, where: str) -> None:
+        super().__init__(f"{where}: {status} {reason}: {message}" if message
+                         else f"{where}: {status} {reason}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def gone(self) -> bool:
+        """410: the resourceVersion asked for is older than the server keeps."""
+        return self.status == 410
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+class ApiUnavailable(Exception):
+    """The API server could not be reached, or the connection broke or timed out."""
+
+
+class ApiUnreachable(ApiUnavailable):
+    """No connection could be made at all (refused, no route): nothing was sent or lost."""
+
+
+class WatchLineTooLong(ApiUnavailable):
+    """A watch line longer than the client's limit: the stream is dropped, not buffered."""
+
+
+def api_error(status: int, body: bytes, where: str) -> ApiError:
+    try:
+        s = _decode_status(body)
+        return ApiError(status, s.reason or "Error", s.message, where)
+    except msgspec.DecodeError:
+        return ApiError(status, "Error", body[:200].decode("utf-8", "replace"), where)
+
+
+PATCH_TYPES = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+}
+
+
+class Client:
+    """One API server, one identity, one connection pool. Use as `async with`."""
+
+    def __init__(self, config: KubeConfig, *, qps: float = DEFAULT_QPS,
+                 burst: int = DEFAULT_BURST, timeout_s: float = REQUEST_TIMEOUT_S,
+                 user_agent: str = "railyard") -> None:
+        self.config = config
+        self.limit = RateLimit(qps, burst)
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 10))
+        self._ssl = config.ssl_context() if config.server.startswith("https:") else None
+        self._user_agent = user_agent
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False,
+                                             limit=0, enable_cleanup_closed=True)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, skip_auto_headers=("User-Agent",),
+                headers={"User-Agent": self._user_agent, "Accept": "application/json"},
+                json_serialize=lambda v: msgspec.json.encode(v).decode())
+        return self._session
+
+    def _headers(self, content_type: str | None = None) -> dict[str, str]:
+        headers = {}
+        token = self.config.token.get() if self.config.token is not None else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        return headers
+
+    async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
+                      body: Any = None, content_type: str = "application/json",
+                      timeout_s: float | None = None) -> bytes:
+        """One request; the answer's body, or ApiError / ApiUnavailable (ApiUnreachable when
+        no connection could be made)."""
+        await self.limit.wait()
+        data = None if body is None else (
+            body if isinstance(body, bytes) else msgspec.json.encode(body))
+        timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
+        where = f"{method} {path}"
+        try:
+            async with self._open().request(
+                    method, self.config.server + path, params=params, data=data,
+                    headers=self._headers(content_type if data is not None else None),
+                    timeout=timeout or self.timeout) as resp:
+                content = await resp.read()
+                if resp.status >= 400:
+                    raise api_error(resp.status, content, where)
+                return content
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise ApiUnavailable(f"{where}: {type(e).__name__}: {e}") from e
+
+    # ------------------------------------------------------------------ typed verbs
+
+    async def get(self, path: str, type_: type[T],
+                  params: Mapping[str, str] | None = None) -> T:
+        return msgspec.json.decode(await self.request("GET", path, params=params), type=type_)
+
+    async def list_page(self, path: str, type_: type[T], params: Mapping[str, str],
+                        decoder: msgspec.json.Decoder[ObjectList[T]] | None = None
+                        ) -> ObjectList[T]:
+        body = await self.request("GET", path, params=params)
+        if decoder is not None:
+            return decoder.decode(body)
+        return msgspec.json.decode(body, type=ObjectList[type_])  # type: ignore[valid-type]
+
+    async def list(self, path: str, type_: type[T], *, params: Mapping[str, str] | None = None,
+                   page_size: int = PAGE_SIZE) -> tuple[list[T], str]:
+        """Every item, read in pages of `page_size` (bounded per response; the continue
+        token keeps one snapshot), and the list's resourceVersion to watch from."""
+        decoder: msgspec.json.Decoder[ObjectList[T]] = msgspec.json.Decoder(
+            ObjectList[type_])  # type: ignore[valid-type]
+        query = dict(params or {})
+        query["limit"] = str(page_size)
+        items: list[T] = []
+        while True:
+            page = await self.list_page(path, type_, query, decoder)
+            items.extend(page.items)
+            if not page.metadata.continue_:
+                return items, page.metadata.resource_version
+            query["continue"] = page.metadata.continue_
+
+    async def create(self, path: str, body: Any, type_: type[T]) -> T:
+        return msgspec.json.decode(await self.request("POST", path, body=body), type=type_)
+
+    async def put(self, path: str, body: Any, type_: type[T]) -> T:
+        return msgspec.json.decode(await self.request("PUT", path, body=body), type=type_)
+
+    async def patch(self, path: str, body: Any, type_: type[T], *,
+                    patch_type: str = "merge") -> T:
+        raw = await self.request("PATCH", path, body=body,
+                                 content_type=PATCH_TYPES[patch_type])
+        return msgspec.json.decode(raw, type=type_)
+
+    async def delete(self, path: str) -> None:
+        await self.request("DELETE", path)
+
+    # ------------------------------------------------------------------ watch
+
+    async def watch_lines(self, path: str, params: Mapping[str, str], *,
+                          read_timeout_s: float = WATCH_READ_TIMEOUT_S,
+                          max_line_bytes: int = MAX_LINE_BYTES) -> AsyncIterator[bytes]:
+        """The raw event lines of one watch request, until the server ends it. Raises
+        ApiError when the server refuses it (410: too old), ApiUnavailable when the stream
+        breaks, goes silent for `read_timeout_s`, or sends a line over `max_line_bytes`."""
+        await self.limit.wait()
+        where = f"WATCH {path}"
+        query = dict(params)
+        query["watch"] = "true"
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.sock_connect,
+                                        sock_read=read_timeout_s)
+        try:
+            async with self._open().get(self.config.server + path, params=query,
+                                        headers=self._headers(), timeout=timeout) as resp:
+                if resp.status >= 400:
+                    raise api_error(resp.status, await resp.read(), where)
+                buffer = bytearray()
+                async for chunk in resp.content.iter_any():
+                    start = 0
+                    while (end := chunk.find(b"\n", start)) >= 0:
+                        if buffer:
+                            buffer += chunk[start:end]
+                            line = bytes(buffer)
+                            buffer.clear()
+                        else:
+                            line = chunk[start:end]
+                        start = end + 1
+                        if len(line) > max_line_bytes:
+                            raise WatchLineTooLong(f"{where}: event line of {len(line)} "
+                                                   f"bytes, over {max_line_bytes}")
+                        if line:
+                            yield line
+                    buffer += chunk[start:]
+                    if len(buffer) > max_line_bytes:
+                        raise WatchLineTooLong(f"{where}: event line over "
+                                               f"{max_line_bytes} bytes")
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            raise ApiUnavailable(f"{where}: {type(e).__name__}: {e}") from e
