@@ -145,7 +145,7 @@ def _connect(sock: _socket.socket, path: str) -> None:
             time.sleep(0.002)
 
 
-def call_service(path: str, env: dict, stdin: bytes) -> tuple[int, bytes, bytes]:
+def call_service(path: str, env: dict, stdin: bytes) -> "tuple[int, bytes, bytes]":
     """One round trip; raises OSError/ConnectionError when the service cannot be reached."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
@@ -159,7 +159,7 @@ def call_service(path: str, env: dict, stdin: bytes) -> tuple[int, bytes, bytes]
         sock.close()
 
 
-def _standalone(env: dict, stdin: bytes) -> tuple[int, bytes, bytes]:
+def _standalone(env: dict, stdin: bytes) -> "tuple[int, bytes, bytes]":
     # Installed with -S for speed: site-packages (where railyard lives) load only here.
     if "site" not in sys.modules:
         import site

@@ -231,8 +231,6 @@ class Admission:
 
     def _allocator_plan(self, ledger: Ledger, request: Request,
                         free: Mapping[Kind, frozenset[str]]) -> Allocation | None:
-        if self.allocator is None:
-            return None
         # Hold what this plugin may not hand out (unoffered, or not offered by kubelet now) so
         # the allocator cannot pick it. Whole PFs are held only when the pod wants no VFs:
         # a held PF would also hold its VFs. Those VFs are then not held again: the ledger
