@@ -30,6 +30,7 @@ ALLOWED = {
     ("records", "allocation"): "the codec encodes the allocator's value types",
     ("sim", "scheduler"): "the simulator runs the extender's own ClusterState",
     ("cni", "kubelet"): "the CNI confirms grants through kubelet's PodResources client",
+    ("scheduler", "kube"): "the extender watches NodeTopologies and pods and binds on the API",
 }
 # Within an allowed adapter edge, the modules that may be imported (None: any).
 ALLOWED_MODULES = {

@@ -101,6 +101,23 @@ def test_bad_cluster_file_is_one_line_on_stderr_and_exit_2(tmp_path, content, me
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--state-file", "s.json"], "--state-file needs --cluster-file"),
+    (["--cluster-file", "c.yaml", "--kubeconfig", "k"], "not both"),
+    (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
+    ([], "not in a cluster"),
+])
+def test_cluster_mode_mistakes_are_one_line_on_stderr_and_exit_2(tmp_path, argv, message):
+    env_out = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}
+    env = {**env_out, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "railyard.cli.main", "scheduler", "--listen",
+                           "127.0.0.1:0", *argv], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("railyard: error: ") and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_listen_addresses():
     assert parse_listen("127.0.0.1:8888") == ("127.0.0.1", 8888)
     assert parse_listen(":9000") == ("0.0.0.0", 9000)

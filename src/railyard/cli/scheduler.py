@@ -1,4 +1,5 @@
-"""`railyard scheduler`: run the kube-scheduler HTTP extender over a cluster file.
+"""`railyard scheduler`: run the kube-scheduler HTTP extender over a cluster file, or over
+the API server (NodeTopology CRs and pods; `--kubeconfig`, else the pod's service account).
 
 Imports stay inside the command so `railyard --help` stays fast.
 """
@@ -6,11 +7,14 @@ Imports stay inside the command so `railyard --help` stays fast.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from railyard.cli.app import app, fail
+
+if TYPE_CHECKING:
+    from railyard.scheduler.service import Extender
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -24,10 +28,21 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 @app.command()
 def scheduler(
-    cluster_file: Annotated[Path, typer.Option(
+    cluster_file: Annotated[Path | None, typer.Option(
         "--cluster-file", metavar="FILE",
-        help="YAML or JSON: nodes[] {name, profile, vfsPerPf?} or {name, topology}, "
-             "optional pods[] {namespace, name, uid, node, allocation}.")],
+        help="Run without a cluster: YAML or JSON: nodes[] {name, profile, vfsPerPf?} or "
+             "{name, topology}, optional pods[] {namespace, name, uid, node, allocation}.")
+    ] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        "--kubeconfig", metavar="FILE",
+        help="Run on the cluster this kubeconfig names (without it and without "
+             "--cluster-file: the pod's own service account).")] = None,
+    kube_qps: Annotated[float, typer.Option(
+        "--kube-qps", metavar="N", help="Client-side limit on API requests per second.")
+    ] = 50.0,
+    kube_burst: Annotated[int, typer.Option(
+        "--kube-burst", metavar="N", help="API requests allowed at once above --kube-qps.")
+    ] = 100,
     listen: Annotated[str, typer.Option(
         "--listen", metavar="HOST:PORT", help="Where kube-scheduler reaches the extender.")
     ] = "0.0.0.0:8888",
@@ -41,13 +56,14 @@ def scheduler(
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
-    /metrics /allocations, DELETE /pods/<uid>."""
+    /metrics /allocations, DELETE /pods/<uid>. With --cluster-file, nodes and pods come from
+    the file and binds go to --state-file; otherwise from the API server, where a bind
+    writes the pod's Allocation and creates its Binding (docs/scheduler.md)."""
     import asyncio
     import logging
-    import signal
 
     from railyard.scheduler.cluster_file import ClusterFileError, load_cluster
-    from railyard.scheduler.service import Extender, settle_heap, start
+    from railyard.scheduler.service import Extender, settle_heap
     from railyard.scheduler.state import ClusterState
     from railyard.scheduler.state_file import StateFile, StateFileError
 
@@ -61,6 +77,15 @@ def scheduler(
         host, port = parse_listen(listen)
     except ValueError as e:
         fail(str(e))
+    if cluster_file is None:
+        if state_file is not None:
+            fail("--state-file needs --cluster-file (on a cluster the pods are the record)")
+        if kube_qps <= 0 or kube_burst < 1:
+            fail("--kube-qps must be above 0 and --kube-burst at least 1")
+        _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst)
+        return
+    if kubeconfig is not None:
+        fail("give --cluster-file or --kubeconfig, not both")
     sf = None
     try:
         cluster = load_cluster(cluster_file)
@@ -75,24 +100,9 @@ def scheduler(
         fail(str(e))
     extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache)
     settle_heap()
-    log = logging.getLogger("railyard.scheduler")
-
-    async def serve() -> None:
-        runner = await start(extender, host, port)
-        log.info("extender listening on %s:%d: %d nodes, %d pods holding devices",
-                 host, port, len(state), len(state.pods()))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await stop.wait()
-            log.info("stopping")
-        finally:
-            await runner.cleanup()
 
     try:
-        asyncio.run(serve())
+        asyncio.run(_serve(extender, host, port, ""))
     except KeyboardInterrupt:
         pass
     except OSError as e:
@@ -100,3 +110,65 @@ def scheduler(
     finally:
         if sf is not None:
             sf.close()
+
+
+async def _serve(extender: Extender, host: str, port: int, source: str) -> None:
+    """Serve until SIGTERM or SIGINT; `source` says where the cluster comes from."""
+    import asyncio
+    import logging
+    import signal
+
+    from railyard.scheduler.service import start
+
+    log = logging.getLogger("railyard.scheduler")
+    runner = await start(extender, host, port)
+    log.info("extender listening on %s:%d%s: %d nodes, %d pods holding devices",
+             host, port, source, len(extender.state), extender.state.pod_count())
+    try:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+
+
+def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
+               qps: float, burst: int) -> None:
+    """The extender on the API server: list NodeTopologies and pods, then serve."""
+    import asyncio
+
+    from railyard.kube.client import Client
+    from railyard.kube.config import KubeConfigError, load
+    from railyard.scheduler.cluster_api import ApiCluster
+    from railyard.scheduler.service import Extender, settle_heap
+    from railyard.scheduler.state import ClusterState
+
+    try:
+        config = load(kubeconfig)
+    except KubeConfigError as e:
+        fail(str(e))
+
+    async def serve() -> None:
+        async with Client(config, qps=qps, burst=burst, user_agent="railyard-scheduler") as c:
+            state = ClusterState(())
+            cluster = ApiCluster(c, state)
+            await cluster.start()
+            extender = Extender(state, cluster.binder, pod_cache=pod_cache)
+            cluster.sync.on_pods_changed = lambda: extender.metrics.pods.set(state.pod_count())
+            settle_heap()
+            try:
+                await _serve(extender, host, port, f", on {config.server}")
+            finally:
+                await cluster.stop()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+    except TimeoutError as e:
+        fail(f"{config.server}: {e}")
+    except OSError as e:
+        fail(f"cannot listen on {listen}: {e}")

@@ -138,16 +138,10 @@ class ClusterState:
         # The empty node of each shape answers for every idle node of that shape; its
         # ledger is never changed. By empty group.
         self._blank: dict[_Group, Ledger] = {}
-        for t in topologies:
-            if t.node in self._nodes:
-                raise ValueError(f"duplicate node {t.node!r}")
-            empty = self._intern(self.allocator.group_key(t, None))
-            if empty not in self._blank:
-                self._blank[empty] = Ledger(t)
-            self._nodes[t.node] = _Node(t, empty)
         # Every node's current group, by name: filter maps names through this in C.
-        self._group_of_name: dict[str, _Group] = {
-            name: n.empty for name, n in self._nodes.items()}
+        self._group_of_name: dict[str, _Group] = {}
+        for t in topologies:
+            self.add_node(t)
         self._pods: dict[str, BoundPod] = {}
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
 
@@ -158,6 +152,33 @@ class ClusterState:
         state = cls(cluster.topologies, allocator)
         state.restore(cluster.pods)
         return state
+
+    # ------------------------------------------------------------------ nodes
+
+    def add_node(self, topology: NodeTopology) -> None:
+        """A node appeared (its NodeTopology was created): empty, in its shape's empty group.
+        Pods it already holds come back through `restore`."""
+        if topology.node in self._nodes:
+            raise ValueError(f"duplicate node {topology.node!r}")
+        empty = self._intern(self.allocator.group_key(topology, None))
+        if empty not in self._blank:
+            self._blank[empty] = Ledger(topology)
+        self._nodes[topology.node] = _Node(topology, empty)
+        self._group_of_name[topology.node] = empty
+
+    def remove_node(self, name: str) -> list[BoundPod]:
+        """A node left (or its topology is about to be replaced): forget it and the pods it
+        held here, which are returned. Filter then answers for it as for any unknown node."""
+        n = self._nodes.get(name)
+        if n is None:
+            return []
+        with n.lock, self._pods_lock:
+            gone = [p for p in self._pods.values() if p.node == name]
+            for p in gone:
+                del self._pods[p.uid]
+            del self._nodes[name]
+            del self._group_of_name[name]
+        return gone
 
     # ------------------------------------------------------------------ lookups
 

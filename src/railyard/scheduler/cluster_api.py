@@ -1,0 +1,364 @@
+"""The cluster from the API server: NodeTopology CRs become the ClusterState's nodes, the pods'
+`railyard.dev/allocation` annotations its ledger, and a bind is recorded on the pod (the
+annotation, then `pods/binding`). The cluster-file mode's source and writer, on a real
+cluster (issue 15, docs/decisions/0073).
+
+Both watches feed one `ClusterSync`, whose handlers are synchronous and run on the extender's
+loop, so a change is applied between two filter calls, never inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from railyard.allocation.names import ALLOCATION_ANNOTATION
+from railyard.allocation.types import Allocation
+from railyard.kube.client import ApiError, Client
+from railyard.kube.objects import ObjectMeta, Pod, Status
+from railyard.kube.reflector import Change, Reflector
+from railyard.records.allocation import RecordError, decode_allocation, encode_allocation
+from railyard.records.nodetopology_cr import (
+    API_VERSION,
+    PLURAL,
+    NodeTopologyResourceError,
+    spec_from_resource,
+)
+from railyard.scheduler.cluster_file import BoundPod, ClusterFileError
+from railyard.scheduler.state import ClusterState
+from railyard.topology.model import NodeTopology
+
+log = logging.getLogger("railyard.scheduler")
+
+TOPOLOGIES = f"/apis/{API_VERSION}/{PLURAL}"
+PODS = "/api/v1/pods"
+FINISHED = frozenset(("Succeeded", "Failed"))  # a finished pod's devices are free again
+PATCH_ATTEMPTS = 3
+COMPONENT = "railyard-scheduler"
+_NO_SPEC = msgspec.Raw(b"null")
+
+
+class TopologyObject(msgspec.Struct):
+    """A NodeTopology as the extender watches it: metadata and the spec left undecoded. The
+    status is not read at all, so the status churn of 5,000 agents costs a metadata decode
+    each; the spec is decoded only when its `generation` moves."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: msgspec.Raw = _NO_SPEC
+
+
+class TopologyShapes:
+    """Decoded topologies shared between nodes whose specs are equal but for the node's
+    name: 5,000 nodes of a few hardware kinds hold a few decoded trees, each node a renamed
+    copy pointing at the same device tuples (as the cluster file does with profiles)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, NodeTopology] = {}
+        self._users: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    @staticmethod
+    def key_of(spec: msgspec.Raw) -> bytes:
+        """The spec with the node's name taken out, in a canonical encoding."""
+        document = msgspec.json.decode(spec)
+        if isinstance(document, dict):
+            document["node"] = ""
+        return msgspec.json.encode(document, order="sorted")
+
+    def take(self, key: bytes, name: str, spec: msgspec.Raw) -> NodeTopology:
+        """The topology of node `name`; decoded (and validated) only for a new shape.
+        Raises NodeTopologyResourceError naming the field."""
+        base = self._by_key.get(key)
+        if base is None:
+            base = spec_from_resource({"metadata": {"name": name},
+                                       "spec": msgspec.json.decode(spec)})
+            self._by_key[key] = base
+        self._users[key] = self._users.get(key, 0) + 1
+        return base if base.node == name else dataclasses.replace(base, node=name)
+
+    def drop(self, key: bytes) -> None:
+        left = self._users.get(key, 0) - 1
+        if left > 0:
+            self._users[key] = left
+        else:
+            self._users.pop(key, None)
+            self._by_key.pop(key, None)
+
+
+def pod_allocation(pod: Pod) -> Allocation | None:
+    """The devices a pod holds by its record: its Allocation, unless it has finished (a
+    Job's pod must not keep capacity) or has none. A record that does not decode is logged
+    and counts as none: the pod was not placed by this codec's writer."""
+    raw = pod.metadata.annotations.get(ALLOCATION_ANNOTATION)
+    if raw is None or pod.status.phase in FINISHED:
+        return None
+    try:
+        return decode_allocation(raw, ALLOCATION_ANNOTATION)
+    except RecordError as e:
+        log.warning("pod %s/%s: ignoring its %s", pod.metadata.namespace, pod.metadata.name, e)
+        return None
+
+
+class ClusterSync:
+    """Keeps a ClusterState equal to what the API server says: nodes from NodeTopology
+    changes, holdings from pod changes. `recording` and `written` are the binder's: a pod
+    whose bind is being written is left to the binder, and after it is written, events that
+    predate the annotation (the watch may still deliver them) do not free its devices."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.shapes = TopologyShapes()
+        self._spec: dict[str, tuple[int, bytes]] = {}  # node -> (generation, shape key)
+        self._held: dict[str, BoundPod] = {}  # uid -> the pod as its record says
+        self.recording: set[str] = set()
+        self.written: set[str] = set()
+        self.on_pods_changed: Callable[[], None] | None = None
+        self.decoded = 0  # specs decoded (a status-only change decodes none)
+
+    # ------------------------------------------------------------------ nodes
+
+    def on_topology(self, change: Change[TopologyObject]) -> None:
+        obj = change.object
+        name = obj.metadata.name
+        if change.type == "DELETED":
+            self._forget_node(name)
+            return
+        generation = obj.metadata.generation
+        known = self._spec.get(name)
+        spec, obj.spec = obj.spec, _NO_SPEC  # the store keeps metadata only (and no buffer)
+        if known is not None and generation and known[0] == generation:
+            return  # only the status changed
+        try:
+            key = TopologyShapes.key_of(spec)
+            if known is not None and known[1] == key:
+                self._spec[name] = (generation, key)
+                return
+            topology = self.shapes.take(key, name, spec)
+            self.decoded += 1
+        except (NodeTopologyResourceError, msgspec.DecodeError) as e:
+            log.warning("NodeTopology %s: %s; the node is unknown to Railyard until it is "
+                        "fixed", name, e)
+            self._forget_node(name)
+            return
+        self._forget_node(name)
+        self._spec[name] = (generation, key)
+        self.state.add_node(topology)
+        for pod in [p for p in self._held.values() if p.node == name]:
+            self._restore(pod)
+        self._changed()
+
+    def _forget_node(self, name: str) -> None:
+        known = self._spec.pop(name, None)
+        if known is not None:
+            self.shapes.drop(known[1])
+        if self.state.remove_node(name):
+            self._changed()
+
+    # ------------------------------------------------------------------ pods
+
+    def on_pod(self, change: Change[Pod]) -> None:
+        pod = change.object
+        uid = pod.metadata.uid
+        if uid in self.recording:
+            return  # the binder decides, and rolls back itself if it fails
+        alloc = None if change.type == "DELETED" else pod_allocation(pod)
+        if alloc is None:
+            if (change.type != "DELETED" and uid in self.written
+                    and pod.status.phase not in FINISHED
+                    and ALLOCATION_ANNOTATION not in pod.metadata.annotations):
+                return  # an event from before our annotation reached the watch
+            self.written.discard(uid)
+            self._held.pop(uid, None)
+            if self.state.release(uid) is not None:
+                self._changed()
+            return
+        self.written.discard(uid)
+        bound = BoundPod(pod.metadata.namespace, pod.metadata.name, uid, alloc.node, alloc)
+        if self._held.get(uid) == bound and self.state.pod(uid) is not None:
+            return
+        self._held[uid] = bound
+        self._restore(bound)
+
+    def _restore(self, pod: BoundPod) -> None:
+        """Hold what the pod's record says (the record wins over what was held before: the
+        agent rewrites it when kubelet chose differently)."""
+        held = self.state.pod(pod.uid)
+        if held is not None:
+            if held.node == pod.node and held.allocation == pod.allocation:
+                return
+            self.state.release(pod.uid)
+        if pod.node not in self.state:
+            return  # held again when its node's topology arrives
+        try:
+            self.state.restore([pod])
+        except ClusterFileError as e:
+            log.warning("pod %s/%s (%s): its record is not held: %s", pod.namespace, pod.name,
+                        pod.uid, e.reason)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_pods_changed is not None:
+            self.on_pods_changed()
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pairs_text(alloc: Allocation) -> str:
+    """`GPU 0 (0000:19:00.0) ↔ 0000:1a:00.2 (ib0v0, PIX)`, one per pair, then unpaired."""
+    parts = [f"GPU {p.gpu.index} ({p.gpu.pci_address}) ↔ {p.nic.pci_address} "
+             f"({p.nic.netdev or p.nic.rdma_device or p.nic.kind}, {p.distance.name})"
+             for p in alloc.pairs]
+    parts += [f"NIC {n.pci_address}" for n in alloc.nics]
+    parts += [f"GPU {g.index} ({g.pci_address})" for g in alloc.gpus]
+    return "; ".join(parts) or "no devices"
+
+
+class PodBinder:
+    """The `ClusterWriter` on the API: the Allocation annotation on the pod (a merge patch
+    carrying the pod's uid and resourceVersion, so it lands on the pod kube-scheduler placed
+    and on no newer version of it), then the `pods/binding` subresource (uid precondition).
+    A Binding that fails takes the annotation off again before the error goes back."""
+
+    def __init__(self, client: Client, sync: ClusterSync,
+                 pods: Reflector[Pod] | None = None) -> None:
+        self.client, self.sync, self.pods = client, sync, pods
+        self.instance = os.uname().nodename
+        self._events: set[asyncio.Task[None]] = set()
+
+    async def bind(self, pod: BoundPod) -> None:
+        uid = pod.uid
+        self.sync.recording.add(uid)
+        try:
+            if pod.allocation is not None:
+                await self._annotate(pod, pod.allocation)
+            try:
+                await self.client.create(
+                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
+                    {"apiVersion": "v1", "kind": "Binding",
+                     "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": uid},
+                     "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
+                    Status)
+            except Exception:
+                if pod.allocation is not None:
+                    await self._unannotate(pod)
+                raise
+            if pod.allocation is not None:
+                self.sync.written.add(uid)
+        finally:
+            self.sync.recording.discard(uid)
+        if pod.allocation is not None:
+            self._event(pod, "Allocated",
+                        f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
+
+    def _path(self, pod: BoundPod) -> str:
+        return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+
+    async def _annotate(self, pod: BoundPod, alloc: Allocation) -> None:
+        version = ""
+        if self.pods is not None:
+            known = self.pods.store.get(f"{pod.namespace}/{pod.name}")
+            if known is not None and known.metadata.uid == pod.uid:
+                version = known.metadata.resource_version
+        for attempt in range(PATCH_ATTEMPTS):
+            if not version:
+                current = await self.client.get(self._path(pod), Pod)
+                if current.metadata.uid != pod.uid:
+                    raise ApiError(409, "Conflict", f"the pod is now uid "
+                                   f"{current.metadata.uid}, not {pod.uid}", self._path(pod))
+                version = current.metadata.resource_version
+            meta = {"uid": pod.uid, "resourceVersion": version,
+                    "annotations": {ALLOCATION_ANNOTATION: encode_allocation(alloc)}}
+            try:
+                await self.client.patch(self._path(pod), {"metadata": meta}, Pod)
+                return
+            except ApiError as e:
+                if not e.conflict or attempt == PATCH_ATTEMPTS - 1:
+                    raise
+                version = ""  # the pod changed since: read it again
+
+    async def _unannotate(self, pod: BoundPod) -> None:
+        try:
+            await self.client.patch(self._path(pod), {"metadata": {
+                "uid": pod.uid, "annotations": {ALLOCATION_ANNOTATION: None}}}, Pod)
+        except Exception as e:  # the watch frees the devices when the pod goes
+            log.error("pod %s/%s: taking its %s off again failed: %s", pod.namespace,
+                      pod.name, ALLOCATION_ANNOTATION, e)
+
+    def _event(self, pod: BoundPod, reason: str, message: str) -> None:
+        """An Event on the pod, written off the bind's path: losing one loses no record."""
+        now = _now()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}",
+                         "namespace": pod.namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                               "name": pod.name, "uid": pod.uid},
+            "reason": reason, "message": message[:1024], "type": "Normal",
+            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance, "firstTimestamp": now, "lastTimestamp": now,
+            "count": 1,
+        }
+
+        async def send() -> None:
+            try:
+                await self.client.create(f"/api/v1/namespaces/{pod.namespace}/events", body,
+                                         msgspec.Raw)
+            except Exception as e:
+                log.warning("event on pod %s/%s: %s", pod.namespace, pod.name, e)
+
+        task = asyncio.ensure_future(send())
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+
+class ApiCluster:
+    """The two reflectors, the sync they feed and the binder: `await start()` lists both,
+    then watches on; `stop()` ends the watches."""
+
+    def __init__(self, client: Client, state: ClusterState) -> None:
+        self.client = client
+        self.sync = ClusterSync(state)
+        self.topologies: Reflector[TopologyObject] = Reflector(
+            client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
+        self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
+        self.binder = PodBinder(client, self.sync, self.pods)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, timeout_s: float = 120.0) -> None:
+        """Run both reflectors and wait until each has listed once."""
+        reflectors = (self.topologies, self.pods)
+        self._tasks = [asyncio.ensure_future(r.run()) for r in reflectors]
+        synced: asyncio.Future[Any] = asyncio.ensure_future(
+            asyncio.gather(*(r.synced.wait() for r in reflectors)))
+        watched: list[asyncio.Future[Any]] = [synced, *self._tasks]
+        try:
+            done, _ = await asyncio.wait(watched, timeout=timeout_s,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not synced.done():
+                synced.cancel()
+        for task in self._tasks:
+            if task in done:  # a reflector gave up: say why
+                await self.stop()
+                task.result()
+        if synced not in done:
+            await self.stop()
+            raise TimeoutError(f"listing NodeTopologies and pods took over {timeout_s:.0f} s")
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+

@@ -1,0 +1,130 @@
+"""The extender's cluster from API objects (scheduler.cluster_api.ClusterSync): NodeTopology
+changes become nodes, pods' Allocation annotations the ledger. Fed the reflector's Change
+values directly; the same code against a real API server is tests/box/test_extender_api.py."""
+
+from __future__ import annotations
+
+import msgspec
+from scheduler_helpers import hand_allocation
+
+from railyard.allocation.names import ALLOCATION_ANNOTATION
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation
+from railyard.discovery.profiles import build_topology, profile
+from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
+from railyard.kube.reflector import Change
+from railyard.records.allocation import encode_allocation
+from railyard.records.topology import topology_to_json
+from railyard.scheduler.cluster_api import ClusterSync, TopologyObject
+from railyard.scheduler.state import ClusterState
+from railyard.topology.model import NodeTopology
+
+
+def topology(node: str, kind: str = "dgx-h100") -> NodeTopology:
+    return build_topology(profile(kind), vfs_per_pf=2, node=node)
+
+
+def cr(node: str, kind: str = "dgx-h100", generation: int = 1) -> TopologyObject:
+    spec = msgspec.json.encode(topology_to_json(topology(node, kind)))
+    return TopologyObject(ObjectMeta(name=node, generation=generation,
+                                     resource_version=str(generation)), msgspec.Raw(spec))
+
+
+def pod(uid: str, alloc: Allocation | None, phase: str = "Running") -> Pod:
+    annotations = {ALLOCATION_ANNOTATION: encode_allocation(alloc)} if alloc else {}
+    return Pod(ObjectMeta(name=f"p-{uid}", namespace="ml", uid=uid, annotations=annotations),
+               PodSpec(node_name=alloc.node if alloc else ""), PodStatus(phase=phase))
+
+
+def synced(*nodes: str) -> ClusterSync:
+    sync = ClusterSync(ClusterState(()))
+    for n in nodes:
+        sync.on_topology(Change("ADDED", n, cr(n)))
+    return sync
+
+
+def test_nodes_of_one_hardware_kind_share_one_decoded_topology():
+    sync = synced("a", "b", "c")
+    sync.on_topology(Change("ADDED", "d", cr("d", "dgx-a100")))
+    assert sync.state.node_names() == ["a", "b", "c", "d"]
+    assert len(sync.shapes) == 2 and sync.decoded == 4
+    a, b = sync.state.topology("a"), sync.state.topology("b")
+    assert (a.node, b.node) == ("a", "b") and a.gpus is b.gpus and a.nics is b.nics
+
+
+def test_a_status_only_change_decodes_no_spec():
+    sync = synced("a")
+    for version in range(2, 50):
+        sync.on_topology(Change("MODIFIED", "a", TopologyObject(
+            ObjectMeta(name="a", generation=1, resource_version=str(version)))))
+    assert sync.decoded == 1 and "a" in sync.state
+
+
+def test_a_spec_change_replaces_the_node_and_keeps_its_pods():
+    sync = synced("a")
+    alloc = hand_allocation(topology("a"), [(0, 0, 0)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", alloc)))
+    sync.on_topology(Change("MODIFIED", "a", cr("a", generation=2)))
+    assert sync.decoded == 1  # the same hardware: same shape, nothing decoded
+    sync.on_topology(Change("MODIFIED", "a", cr("a", "dgx-h100", generation=3)))
+    assert sync.state.pod("1") is not None
+
+
+def test_the_ledger_is_rebuilt_from_the_annotations_and_waits_for_the_node():
+    t = topology("a")
+    sync = ClusterSync(ClusterState(()))
+    alloc = hand_allocation(t, [(0, 0, 0), (1, 0, 1)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", alloc)))
+    assert sync.state.pod("1") is None  # no node yet
+    sync.on_topology(Change("ADDED", "a", cr("a")))
+    held = sync.state.pod("1")
+    assert held is not None and held.allocation == alloc
+    assert list(sync.state.ledger("a").holders()) == [("1", alloc)]
+
+
+def test_a_finished_or_deleted_pod_frees_its_devices():
+    t = topology("a")
+    sync = synced("a")
+    one, two = hand_allocation(t, [(0, 0, 0)]), hand_allocation(t, [(1, 3, 0)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", one)))
+    sync.on_pod(Change("ADDED", "ml/p-2", pod("2", two)))
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", one, phase="Succeeded")))
+    sync.on_pod(Change("DELETED", "ml/p-2", pod("2", two)))
+    assert sync.state.pods() == [] and list(sync.state.ledger("a").holders()) == []
+
+
+def test_a_bind_being_written_is_left_to_the_binder_and_stale_events_do_not_free_it():
+    sync = synced("a")
+    bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1))
+    assert isinstance(bound, Allocation)
+    sync.recording.add("1")
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Pending")))
+    assert sync.state.pod("1") is not None
+    sync.recording.discard("1")
+    sync.written.add("1")
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Pending")))  # from before
+    assert sync.state.pod("1") is not None
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", bound)))  # the annotation arrives
+    assert "1" not in sync.written and sync.state.pod("1") is not None
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", bound, phase="Failed")))
+    assert sync.state.pod("1") is None
+
+
+def test_a_rewritten_record_moves_the_holding_and_a_conflicting_one_is_not_held():
+    t = topology("a")
+    sync = synced("a")
+    first, moved = hand_allocation(t, [(0, 0, 0)]), hand_allocation(t, [(2, 4, 0)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", first)))
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", moved)))
+    assert list(sync.state.ledger("a").holders()) == [("1", moved)]
+    sync.on_pod(Change("ADDED", "ml/p-2", pod("2", moved)))  # the same devices: refused
+    assert sync.state.pod("2") is None
+
+
+def test_a_bad_spec_makes_the_node_unknown_not_the_extender_fail():
+    sync = synced("a")
+    sync.on_topology(Change("MODIFIED", "a", TopologyObject(
+        ObjectMeta(name="a", generation=2), msgspec.Raw(b'{"node": "a", "gpus": 3}'))))
+    assert "a" not in sync.state
+    sync.on_topology(Change("DELETED", "a", TopologyObject(ObjectMeta(name="a"))))
+    assert len(sync.shapes) == 0
