@@ -31,6 +31,7 @@ ALLOWED = {
     ("sim", "scheduler"): "the simulator runs the extender's own ClusterState",
     ("cni", "kubelet"): "the CNI confirms grants through kubelet's PodResources client",
     ("scheduler", "kube"): "the extender watches NodeTopologies and pods and binds on the API",
+    ("kubelet", "kube"): "in cluster mode: the node's pods, its decisions written back",
 }
 # Within an allowed adapter edge, the modules that may be imported (None: any).
 ALLOWED_MODULES = {
@@ -38,6 +39,8 @@ ALLOWED_MODULES = {
                          "railyard.kubelet.api.podresources_pb2_grpc",
                          "railyard.kubelet.podresources"},
     ("sim", "scheduler"): {"railyard.scheduler.state"},
+    ("kubelet", "kube"): {"railyard.kube.client", "railyard.kube.objects",
+                          "railyard.kube.reflector"},
 }
 
 

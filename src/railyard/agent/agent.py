@@ -5,6 +5,10 @@ watches kubelet's socket folder (a kubelet restart deletes our sockets: serve an
 again at once), re-scans device health every `healthIntervalS`, checks each admission
 against PodResources, and forgets records of pods that are gone. Tests drive it directly;
 `railyard agent` runs it until SIGTERM.
+
+In cluster mode (a `kube` client, decision 0072) the pods come from the API server
+(`kubelet.apipods`), the node's NodeTopology is published at start and whenever its status
+changes, and node-decided records are written back to their pods (`kubelet.writeback`).
 """
 
 from __future__ import annotations
@@ -18,18 +22,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from railyard.agent.config import AgentConfig
-from railyard.kubelet.admission import Admission
+from railyard.kube.client import ApiError, ApiUnavailable, Client
+from railyard.kube.nodetopology import publish
+from railyard.kubelet.admission import Admission, utc_now
+from railyard.kubelet.apipods import ApiPods
 from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
 from railyard.kubelet.pods import PodSource, PodView
+from railyard.kubelet.report import node_status
 from railyard.kubelet.resolver import Kind
 from railyard.kubelet.response import ContainerGrant, devinfo_file_name
 from railyard.kubelet.watch import FolderWatch
+from railyard.kubelet.writeback import AllocationWriteBack
 from railyard.node.attachments import attached_pods
 from railyard.node.files import write_atomic
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
 from railyard.node.state import StateStore
+from railyard.records.nodetopology_cr import NodeTopologyStatus
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -37,6 +47,8 @@ log = logging.getLogger(__name__)
 RETRY_S = 0.5  # Register retry while kubelet.sock is missing
 SOCKET_POLL_S = 2.0  # safety net behind inotify
 GC_INTERVAL_S = 10.0
+PUBLISH_INTERVAL_S = 1.0  # at most one NodeTopology status write per interval
+PUBLISH_RETRY_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +61,21 @@ class AgentOptions:
 
 
 class Agent:
-    def __init__(self, options: AgentOptions, pods: PodSource, config: AgentConfig | None = None,
-                 topology: NodeTopology | None = None) -> None:
+    """`pods`: where the node's pods come from; None in cluster mode, where they are read
+    from the API server through `kube` (which the agent then owns and closes)."""
+
+    def __init__(self, options: AgentOptions, pods: PodSource | None,
+                 config: AgentConfig | None = None, topology: NodeTopology | None = None,
+                 *, kube: Client | None = None) -> None:
         self.options = options
         self.config = config or AgentConfig()
-        self.pods = pods
+        self.kube = kube
+        self._api_pods: ApiPods | None = None
+        if pods is None:
+            if kube is None:
+                raise ValueError("the agent needs a pods source or an API client")
+            pods = self._api_pods = ApiPods(kube, options.node_name, self.config.resources)
+        self.pods: PodSource = pods
         self._topology = topology
         self.paths = KubeletPaths(options.kubelet_dir)
         self.probe = SysfsProbe(options.sysfs_root)
@@ -73,6 +95,10 @@ class Agent:
         self._dirty = False
         self._cni: object | None = None
         self.unhealthy: dict[str, str] = {}
+        self.write_back = (AllocationWriteBack(kube, self.store, self.pods)
+                           if kube is not None else None)
+        self.published: NodeTopologyStatus | None = None  # the status the API server has
+        self._report = asyncio.Event()  # something the status counts may have changed
 
     # ------------------------------------------------------------------ start / stop
 
@@ -102,6 +128,8 @@ class Agent:
                 for kind, on, pool in wanted if on}
 
     async def start(self) -> None:
+        if self._api_pods is not None:  # first: an unreadable pods source stops the start
+            await self._api_pods.start()
         self._topology = self._discover()
         names = self.config.resources
         for kind, devices in self._inventory().items():
@@ -133,7 +161,11 @@ class Agent:
             asyncio.create_task(self._gc_loop(), name="gc"),
         ]
         await self._start_cni()
-        self._verify_task = asyncio.create_task(self.verify())  # repair what a crash lost
+        if self.kube is not None:
+            if not await self.publish_topology():
+                self._report.set()  # the loop tries again
+            self._tasks.append(asyncio.create_task(self._publish_loop(), name="publish"))
+        self._verify_task = asyncio.create_task(self._check())  # repair what a crash lost
 
     async def stop(self) -> None:
         for w in self._watches:
@@ -148,6 +180,10 @@ class Agent:
         for ep in self.endpoints.values():
             await ep.stop()
         await asyncio.to_thread(self.store.close)
+        if self._api_pods is not None:
+            await self._api_pods.stop()
+        if self.kube is not None:
+            await self.kube.close()
         if self._cni is not None:
             stop = getattr(self._cni, "stop", None) or getattr(self._cni, "close", None)
             self._cni = None
@@ -231,6 +267,8 @@ class Agent:
                 log.warning("unhealthy: %s: %s", dev, why)
         for dev in self.unhealthy.keys() - bad.keys():
             log.info("healthy again: %s", dev)
+        if bad != self.unhealthy:
+            self._report.set()
         self.unhealthy = bad
         for dl in self.lists.values():
             await dl.update(unhealthy=frozenset(bad))
@@ -254,12 +292,20 @@ class Agent:
                 write_atomic(folder / name, body.encode(), mode=0o644)
             except OSError as e:
                 log.warning("device-info file %s: %s", folder / name, e.strerror or e)
+        self._report.set()
         if self._verify_task is None or self._verify_task.done():
             self._verify_task = asyncio.get_running_loop().create_task(self._verify_later())
 
     async def _verify_later(self) -> None:
         await asyncio.sleep(self.config.verify_delay_s)
+        await self._check()
+
+    async def _check(self) -> None:
+        """PodResources' word into the store, then the node's truth to the pods."""
         await self.verify()
+        if self.write_back is not None:
+            self._report.set()
+            await self.write_back.write()
 
     async def verify(self) -> list[str]:
         """Compare the store with PodResources now; the warnings it logged."""
@@ -291,6 +337,8 @@ class Agent:
         gone_uids = {r.uid for r in gone}
         kept = {n.pci_address for r in records if r.uid not in gone_uids
                 for n in r.allocation.all_nics}
+        if gone:
+            self._report.set()
         for r in gone:
             self.store.remove(r.uid)
             removed.append(r.uid)
@@ -307,14 +355,59 @@ class Agent:
     async def _gc_loop(self) -> None:
         while True:
             await asyncio.sleep(GC_INTERVAL_S)
+            self._report.set()  # pods that finished since: their devices are free again
             try:
                 self.gc()
             except Exception:
                 log.exception("state store clean-up failed")
 
 
+    # ------------------------------------------------------------------ NodeTopology
+
+    def node_status(self) -> NodeTopologyStatus:
+        # Kubelet frees a finished pod's devices while its object (and our record) stays.
+        done = {p.uid for p in self.pods.pods() if p.terminated}
+        return node_status(self.topology, [r for r in self.store.all() if r.uid not in done],
+                           self.unhealthy, utc_now(), previous=self.published)
+
+    async def publish_topology(self) -> bool:
+        """Create or update this node's NodeTopology (spec and status) when the status
+        differs from the last one written; False when the API server could not be written."""
+        assert self.kube is not None
+        status = self.node_status()
+        if status == self.published:
+            return True
+        try:
+            outcome = await publish(self.kube, self.topology, status)
+        except (ApiError, ApiUnavailable) as e:
+            log.warning("NodeTopology %s not published: %s", self.options.node_name, e)
+            return False
+        self.published = status
+        log.info("NodeTopology %s %s: GPUs %s, NICs %s, VFs %s free, %s",
+                 self.options.node_name, outcome.value, status.gpus.summary,
+                 status.nics.summary, status.vfs.summary, status.health)
+        return True
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await self._report.wait()
+            self._report.clear()
+            try:
+                ok = await self.publish_topology()
+            except Exception:
+                log.exception("NodeTopology publication failed")
+                ok = False
+            if not ok:
+                self._report.set()  # try again after a pause
+            await asyncio.sleep(PUBLISH_INTERVAL_S if ok else PUBLISH_RETRY_S)
+
+
 async def run_until_stopped(agent: Agent, stop: asyncio.Event) -> None:
-    await agent.start()
+    try:
+        await agent.start()
+    except BaseException:
+        await agent.stop()  # what started before the failure: sockets, the API session
+        raise
     try:
         await stop.wait()
     finally:

@@ -18,9 +18,15 @@ from railyard.node.paths import KUBELET_DIR, STATE_DIR
 def agent(
     node_name: Annotated[str, typer.Option(
         "--node-name", metavar="NAME", help="This node's Kubernetes name (spec.nodeName).")],
-    pods_file: Annotated[Path, typer.Option(
+    pods_file: Annotated[Path | None, typer.Option(
         "--pods-file", metavar="FILE",
-        help="JSON list of v1 Pods (or a PodList) on this node; re-read on change.")],
+        help="JSON list of v1 Pods (or a PodList) on this node; re-read on change. Without "
+             "it, the pods come from the API server (--kubeconfig, else in-cluster).")
+    ] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        "--kubeconfig", metavar="PATH",
+        help="Cluster mode: read this node's pods from the API server, publish its "
+             "NodeTopology, write the node's decisions back to pods.")] = None,
     sysfs_root: Annotated[Path, typer.Option(
         "--sysfs-root", metavar="DIR", help="Folder holding sys/ and proc/.")] = Path("/"),
     kubelet_dir: Annotated[Path, typer.Option(
@@ -49,6 +55,9 @@ def agent(
     from railyard.agent.agent import Agent, AgentOptions, run_until_stopped
     from railyard.agent.config import ConfigError, load_config
     from railyard.discovery.sysfs import SysfsError
+    from railyard.kube.client import Client
+    from railyard.kube.config import KubeConfigError, load
+    from railyard.kubelet.apipods import PodSourceError
     from railyard.kubelet.plugin import PluginError
     from railyard.kubelet.pods import PodsFile
     from railyard.node.errors import StateError
@@ -57,13 +66,23 @@ def agent(
     if not isinstance(level, int):
         fail(f"--log-level: unknown level {log_level!r}")
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if pods_file is not None and kubeconfig is not None:
+        fail("--pods-file and --kubeconfig: give one (the pods come from one source)")
     try:
         cfg = load_config(config)
+        kube = None
+        if pods_file is None:
+            try:
+                kube = Client(load(kubeconfig), user_agent=f"railyard-agent/{node_name}")
+            except KubeConfigError as e:
+                fail(f"{e} (give --kubeconfig PATH, or --pods-file FILE to run without a "
+                     f"cluster)")
         node_agent = Agent(
             AgentOptions(node_name=node_name, sysfs_root=str(sysfs_root),
                          kubelet_dir=str(kubelet_dir), state_dir=str(state_dir),
                          cni_socket=cni_socket),
-            PodsFile(pods_file, cfg.resources), cfg)
+            PodsFile(pods_file, cfg.resources) if pods_file is not None else None, cfg,
+            kube=kube)
     except (ConfigError, StateError) as e:
         fail(str(e))
 
@@ -76,5 +95,7 @@ def agent(
 
     try:
         asyncio.run(main())
+    except PodSourceError as e:
+        fail(f"cannot read this node's pods: {e}", code=1)
     except (SysfsError, StateError, PluginError, OSError) as e:
         fail(str(e), code=1)

@@ -112,6 +112,15 @@ class Admission:
     def _key(pod: PodView) -> PodKey:
         return PodKey(pod.uid, pod.namespace, pod.name)
 
+    async def catch_up(self, resource: str, size: int) -> None:
+        """Before answering kubelet: when no pending pod of this node asks for `size` of
+        `resource`, the pod kubelet is admitting may not have reached the pod source yet
+        (a watch a moment behind); ask the source to look once, within its bound."""
+        if candidates(self.pods.pods(), self._records(), self.node, self.names, resource,
+                      size, unusable=self.unusable):
+            return
+        await self.pods.look_up()
+
     # ------------------------------------------------------------------ preferred
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],

@@ -48,6 +48,10 @@ class AdmissionHandler(Protocol):
 
     def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant: ...
 
+    async def catch_up(self, resource: str, size: int) -> None:
+        """Called before either: bring the pods up to date when no pod asks for this."""
+        ...
+
 
 class DeviceList:
     """The devices a plugin advertises and their health; wakes ListAndWatch on change only."""
@@ -137,6 +141,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         out = pb.PreferredAllocationResponse()
         for c in request.container_requests:
             try:
+                await self.handler.catch_up(self.resource, c.allocation_size)
                 ids = self.handler.preferred(self.resource, list(c.available_deviceIDs),
                                              list(c.must_include_deviceIDs), c.allocation_size)
             except Exception:  # advisory: never fail admission over a preference
@@ -157,6 +162,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             if unknown:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                     f"{self.resource}: unknown device IDs {unknown}")
+            await self.handler.catch_up(self.resource, len(set(ids)))
             out.container_responses.append(grant_to_pb(self.handler.allocate(self.resource,
                                                                               ids)))
         return out

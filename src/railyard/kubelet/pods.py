@@ -9,7 +9,7 @@ The pods file is a JSON list of v1 Pods, or a PodList, written by someone else (
 sidecar that mirrors the API server); it is input only. It is re-read whenever it changed
 (an mtime/size check on every lookup, so a pod written just before kubelet asks is seen),
 and a file that does not parse keeps the last good list and logs why. The Kubernetes API
-source comes later behind the same Protocol.
+source is `railyard.kubelet.apipods`, behind the same Protocol.
 """
 
 from __future__ import annotations
@@ -213,6 +213,11 @@ class PodSource(Protocol):
         """True once a list was read; until then absence of a pod means nothing."""
         ...
 
+    async def look_up(self) -> bool:
+        """Read the pods once more, now, for a pod kubelet asks about that is not known yet;
+        True when something new was found. Bounded in time and never raises."""
+        ...
+
 
 class PodsFileError(ValueError):
     """The pods file cannot be used; names the file and the field."""
@@ -257,6 +262,9 @@ class PodsFile:
     def loaded(self) -> bool:
         self.pods()
         return self._loaded
+
+    async def look_up(self) -> bool:
+        return False  # every pods() call already re-reads a changed file
 
     def pods(self) -> Sequence[PodView]:
         try:
