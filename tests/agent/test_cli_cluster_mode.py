@@ -54,3 +54,11 @@ def test_an_unreachable_api_server_stops_the_start_with_one_line(tmp_path):
                                 "n from https://127.0.0.1:1"), r.stderr
     assert "Traceback" not in r.stderr and "Unclosed" not in r.stderr
     assert not (tmp_path / "k" / "device-plugins").exists()
+
+
+def test_a_client_rate_limit_below_one_request_is_refused(tmp_path):
+    r = subprocess.run([*CMD, "--node-name", "n", "--kube-qps", "0",
+                        "--kubeconfig", str(_kubeconfig(tmp_path, "https://127.0.0.1:1"))],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "--kube-qps must be above 0" in r.stderr

@@ -257,8 +257,14 @@ def test_agent_publishes_its_node_topology_and_counts_what_it_holds(box, node, n
                 await vf_client.close()
             obj = await until("the NodeTopology to count the held VF", published(1))
             assert obj["status"]["vfs"]["free"] == vfs - 1
+        # Restarted, with nothing changed on the node: the agent writes nothing.
+        version = obj["metadata"]["resourceVersion"]
+        async with running_agent(box, tmp_path, node, tree):
+            await until("the restarted agent to find its NodeTopology as it was",
+                        lambda: f"NodeTopology {node} unchanged" in agent_log(tmp_path))
+        assert get(box, "nodetopologies", node)["metadata"]["resourceVersion"] == version
 
-    asyncio.run(asyncio.wait_for(go(), 90))
+    asyncio.run(asyncio.wait_for(go(), 120))
 
 
 def test_the_nodes_decision_is_written_back_when_kubelet_chose_other_devices(

@@ -21,9 +21,12 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import msgspec
+
 from railyard.agent.config import AgentConfig
 from railyard.kube.client import ApiError, ApiUnavailable, Client
-from railyard.kube.nodetopology import publish
+from railyard.kube.nodetopology import path_of, publish
+from railyard.kube.objects import NodeTopologyObject
 from railyard.kubelet.admission import Admission, utc_now
 from railyard.kubelet.apipods import ApiPods
 from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
@@ -39,7 +42,11 @@ from railyard.node.attachments import attached_pods
 from railyard.node.files import write_atomic
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
 from railyard.node.state import StateStore
-from railyard.records.nodetopology_cr import NodeTopologyStatus
+from railyard.records.nodetopology_cr import (
+    NodeTopologyResourceError,
+    NodeTopologyStatus,
+    status_from_resource,
+)
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -98,6 +105,7 @@ class Agent:
         self.write_back = (AllocationWriteBack(kube, self.store, self.pods)
                            if kube is not None else None)
         self.published: NodeTopologyStatus | None = None  # the status the API server has
+        self._found: NodeTopologyStatus | None = None  # what it held when we started
         self._report = asyncio.Event()  # something the status counts may have changed
 
     # ------------------------------------------------------------------ start / stop
@@ -368,12 +376,24 @@ class Agent:
         # Kubelet frees a finished pod's devices while its object (and our record) stays.
         done = {p.uid for p in self.pods.pods() if p.terminated}
         return node_status(self.topology, [r for r in self.store.all() if r.uid not in done],
-                           self.unhealthy, utc_now(), previous=self.published)
+                           self.unhealthy, utc_now(), previous=self.published or self._found)
+
+    async def _status_found(self) -> NodeTopologyStatus | None:
+        """The status a NodeTopology of this node already has (an agent before us wrote
+        it): its condition times carry over, so a restart alone writes nothing."""
+        assert self.kube is not None
+        try:
+            found = await self.kube.get(path_of(self.options.node_name), NodeTopologyObject)
+            return status_from_resource(msgspec.to_builtins(found))
+        except (ApiError, ApiUnavailable, NodeTopologyResourceError, msgspec.DecodeError):
+            return None
 
     async def publish_topology(self) -> bool:
         """Create or update this node's NodeTopology (spec and status) when the status
         differs from the last one written; False when the API server could not be written."""
         assert self.kube is not None
+        if self.published is None and self._found is None:
+            self._found = await self._status_found()
         status = self.node_status()
         if status == self.published:
             return True
