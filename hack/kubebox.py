@@ -33,8 +33,10 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
 GO_MODULES = HACK / "go"
 KUBE_VERSION = "v1.36.3"
 CONTAINERD_VERSION = "v2.2.9"
@@ -55,6 +57,9 @@ BUSYBOX_IMAGE = "railyard.test/busybox:box"
 NODE_NAME = "box-node"
 KUBELET_HOME = Path("/var/lib/kubelet")
 DEFAULT_PROFILE = "dgx-h100"
+EXTENDER_USER = "railyard:extender"
+AGENT_USER = "railyard:agent"
+EXTENDER_PORT = 8888
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.0/24"
@@ -510,8 +515,10 @@ class Box:
         node_sysfs: Path | None = None,
         kwok_nodes: int = 0,
         scheduler_config: Path | None = None,
+        with_railyard: bool = False,
     ) -> None:
         self.layout = Layout.for_dir(folder)
+        self.with_railyard = with_railyard
         self.node_sysfs = node_sysfs
         self.kwok_nodes = kwok_nodes
         self.scheduler_config = scheduler_config
@@ -702,6 +709,8 @@ class Box:
             "kube-proxy": "/CN=system:kube-proxy",
             "kubelet": f"/O=system:nodes/CN=system:node:{NODE_NAME}",
             "kwok": "/CN=railyard-box:kwok",
+            "railyard-extender": f"/CN={EXTENDER_USER}",
+            "railyard-agent": f"/CN={AGENT_USER}",
         }
         for name, subject in identities.items():
             pki.issue(name, subject)
@@ -763,6 +772,8 @@ class Box:
             # The default 20 QPS would make a 1,000-replica Deployment take 50 s to create.
             "--kube-api-qps", "200", "--kube-api-burst", "400",
         ])
+        if self.with_railyard:
+            self._railyard_extender()
         scheduler_config = self._scheduler_config(config / "kube-scheduler.kubeconfig")
         self.start("kube-scheduler", [
             self.bin("kube-scheduler"), "--config", str(scheduler_config),
@@ -790,6 +801,11 @@ class Box:
         client.setdefault("qps", 200)
         client.setdefault("burst", 400)
         document.setdefault("leaderElection", {}).setdefault("leaderElect", False)
+        if self.with_railyard and self.scheduler_config is None:
+            shipped = yaml.safe_load((REPO / "deploy/kube-scheduler-config.yaml").read_text())
+            document["extenders"] = shipped["extenders"]
+            for extender in document["extenders"]:
+                extender["urlPrefix"] = f"http://{self.layout.node_ip}:{EXTENDER_PORT}/"
         path = self.layout.dir / "config" / "kube-scheduler.yaml"
         path.write_text(yaml.safe_dump(document))
         return path
@@ -816,6 +832,8 @@ class Box:
         self.wait("kubelet", self.node_ready, timeout=120)
         self.wait("kube-proxy", lambda: "KUBE-SERVICES" in run(
             self.in_box(["iptables", "-t", "nat", "-S", "KUBE-SERVICES"]), check=False).stdout)
+        if self.with_railyard:
+            self._railyard_agent()
         say(f"node {NODE_NAME} Ready")
 
     def _node_mounts(self) -> None:
@@ -823,14 +841,39 @@ class Box:
         (they go with the namespace at `down`); /var/lib/kubelet there is the box's folder."""
         self.layout.kubelet_dir.mkdir(parents=True, exist_ok=True)
         KUBELET_HOME.mkdir(parents=True, exist_ok=True)  # a mount point; stays empty outside
-        script = f"mount --bind {self.layout.kubelet_dir} {KUBELET_HOME} && exec sleep infinity"
+        script = f"set -e; mount --bind {self.layout.kubelet_dir} {KUBELET_HOME}\n"
+        if self.with_railyard:
+            script += self._node_dev_script()
         pid = self.start("node-mounts", ["unshare", "--mount", "--propagation", "slave", "--",
-                                         "sh", "-c", script])
+                                         "sh", "-c", script + "exec sleep infinity\n"])
 
         def mounted() -> bool:
             return f" {KUBELET_HOME} " in Path(f"/proc/{pid}/mountinfo").read_text()
 
         self.wait("node-mounts", mounted, timeout=10)
+
+    def _node_dev_script(self) -> str:
+        """A /dev of the node's own, in its mount namespace: the host's entries bound in, plus
+        /dev/infiniband with the verbs nodes the node's sysfs names and rdma_cm, so containers
+        that Railyard's device plugin gives NICs really start. They are character devices with
+        /dev/null's numbers: there is no RDMA hardware here, and the host's /dev is not touched."""
+        assert self.node_sysfs is not None
+        verbs = sorted(p.name for p in (self.node_sysfs / "class/infiniband_verbs").glob("uverbs*"))
+        host_dev = self.layout.run_dir / "host-dev"
+        lines = [
+            f"mkdir -p {host_dev}; mount --rbind /dev {host_dev}",
+            "mount -t tmpfs -o mode=755,size=1m railyard-box-dev /dev",
+            f"for entry in {host_dev}/* {host_dev}/.[!.]*; do",
+            '  [ -e "$entry" ] || [ -L "$entry" ] || continue; name=${entry##*/}',
+            '  if [ -L "$entry" ]; then cp -P "$entry" "/dev/$name"',
+            '  elif [ -d "$entry" ]; then mkdir "/dev/$name"; mount --rbind "$entry" "/dev/$name"',
+            '  else touch "/dev/$name"; mount --bind "$entry" "/dev/$name"; fi',
+            "done",
+            f"umount -l {host_dev}; rmdir {host_dev}",
+            "mkdir /dev/infiniband",
+            *(f"mknod -m 666 /dev/infiniband/{name} c 1 3" for name in [*verbs, "rdma_cm"]),
+        ]
+        return "\n".join(lines) + "\n"
 
     def node_ready(self, name: str = NODE_NAME) -> bool:
         status = self.kubectl("get", "node", name, "-o",
@@ -900,8 +943,9 @@ state = "{lay.run_dir / 'containerd'}"
         return path
 
     def _cni_config(self) -> None:
-        """The pod network: a bridge inside the box and host-local addresses (Debian's plugins)."""
-        conflist = {
+        """The pod network: a bridge inside the box and host-local addresses (Debian's plugins),
+        with Railyard's CNI chained after it when Railyard runs in the box."""
+        conflist: dict[str, Any] = {
             "cniVersion": "1.0.0",
             "name": "box",
             "plugins": [{
@@ -918,6 +962,11 @@ state = "{lay.run_dir / 'containerd'}"
                 },
             }],
         }
+        if self.with_railyard:
+            run(["railyard", "cni", "install", "--bin-dir", str(self.layout.dir / "cni/bin")])
+            # Chained: eth0 is the bridge's, the pod's VFs become net1, net1-1, … in pair order.
+            conflist["plugins"].append({"type": "railyard-cni", "ifname": "net1",
+                                        "agentSocket": str(self.cni_socket)})
         (self.layout.dir / "cni/net.d/10-box.conflist").write_text(json.dumps(conflist, indent=1))
 
     def _kubelet_config(self) -> Path:
@@ -973,6 +1022,51 @@ state = "{lay.run_dir / 'containerd'}"
         path = self.layout.dir / "config" / "kube-proxy.yaml"
         path.write_text(json.dumps(config, indent=1))
         return path
+
+    # -- Railyard ------------------------------------------------------------------------------
+
+    @property
+    def cni_socket(self) -> Path:
+        return self.layout.run_dir / "railyard-cni.sock"
+
+    def _railyard_extender(self) -> None:
+        """The CRD, each Railyard service's own RBAC, and the extender kube-scheduler calls."""
+        self.kubectl("apply", "-f", str(REPO / "deploy/crds/nodetopologies.railyard.dev.yaml"))
+        self.kubectl("apply", "-f", "-", input=json.dumps(railyard_rbac()))
+        listen = f"{self.layout.node_ip}:{EXTENDER_PORT}"
+        self.start("railyard-scheduler", [
+            _railyard(), "scheduler", "--listen", listen,
+            "--kubeconfig", str(self.layout.dir / "config/railyard-extender.kubeconfig"),
+        ])
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"http://{listen}/healthz", timeout=3) as response:
+                return response.status == 200
+
+        self.wait("railyard-scheduler", healthy, timeout=60)
+        say("railyard scheduler extender ready")
+
+    def _railyard_agent(self) -> None:
+        """The agent on the node: the real kubelet's device plugins and the CNI service."""
+        assert self.node_sysfs is not None
+        config = self.layout.dir / "config/railyard-agent.json"
+        config.write_text(json.dumps({"cniDevinfoDir": str(self.layout.dir / "devinfo")}))
+        self.start("railyard-agent", [
+            _railyard(), "agent", "--node-name", NODE_NAME,
+            "--kubeconfig", str(self.layout.dir / "config/railyard-agent.kubeconfig"),
+            "--sysfs-root", str(self.node_sysfs.parent),
+            "--state-dir", str(self.layout.dir / "railyard-state"),
+            "--cni-socket", str(self.cni_socket), "--config", str(config),
+        ], on_node=True)
+
+        def offered() -> bool:
+            allocatable = json.loads(self.kubectl("get", "node", NODE_NAME, "-o", "json"))[
+                "status"].get("allocatable", {})
+            return int(allocatable.get("nvidia.com/gpu", "0")) > 0 and int(
+                allocatable.get("railyard.dev/vf", "0")) > 0
+
+        self.wait("railyard-agent", offered, timeout=90)
+        say("railyard agent serving the node's GPUs and VFs")
 
     # -- kwok ---------------------------------------------------------------------------------
 
@@ -1085,6 +1179,49 @@ state = "{lay.run_dir / 'containerd'}"
         return found
 
 
+def railyard_rbac() -> dict:
+    """Least privilege for the box's Railyard services (the chart's RBAC comes with #16)."""
+    def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict:
+        return {"apiGroups": groups, "resources": resources, "verbs": verbs}
+
+    events = rule(["", "events.k8s.io"], ["events"], ["create", "patch"])
+    roles = {
+        EXTENDER_USER: [
+            rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+            rule([""], ["pods/binding"], ["create"]),
+            rule(["railyard.dev"], ["nodetopologies"], ["get", "list", "watch"]),
+            events,
+        ],
+        AGENT_USER: [
+            rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+            rule([""], ["nodes"], ["get"]),
+            rule(["railyard.dev"], ["nodetopologies"],
+                 ["get", "list", "watch", "create", "update", "patch"]),
+            rule(["railyard.dev"], ["nodetopologies/status"], ["get", "update", "patch"]),
+            events,
+        ],
+    }
+    items: list[dict] = []
+    for user, rules in roles.items():
+        name = user.replace(":", "-")
+        items.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                      "metadata": {"name": name}, "rules": rules})
+        items.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                      "metadata": {"name": name},
+                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": name},
+                      "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                    "name": user}]})
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+def _railyard() -> str:
+    found = shutil.which("railyard")
+    if found is None:
+        raise BoxError("`railyard` is not installed (python3 -m pip install -e .)")
+    return found
+
+
 def kwok_node(name: str) -> dict:
     """A Node kwok manages, with the extended resources of docs/testing.md."""
     return {
@@ -1181,6 +1318,10 @@ def main(argv: list[str] | None = None) -> int:
                     "fixture); a veth stand-in is made for each RDMA PF and VF netdev it names")
     up.add_argument("--kwok-nodes", type=int, default=0, help="kwok nodes to add (default 0)")
     up.add_argument("--scheduler-config", type=Path, help="a KubeSchedulerConfiguration file")
+    up.add_argument("--with-railyard", action="store_true",
+                    help="also run Railyard: its extender in kube-scheduler's configuration, its "
+                    "agent serving the real kubelet on the node's sysfs, railyard-cni in the "
+                    "node's CNI chain")
     down = commands.add_parser("down", help="stop a box and remove all it made")
     down.add_argument("--dir", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -1205,7 +1346,7 @@ def main(argv: list[str] | None = None) -> int:
             if value is not None and not value.exists():
                 parser.error(f"--{option.replace('_', '-')} {value}: no such file or folder")
         box = Box(args.dir, node_sysfs=args.node_sysfs, kwok_nodes=args.kwok_nodes,
-                  scheduler_config=args.scheduler_config)
+                  scheduler_config=args.scheduler_config, with_railyard=args.with_railyard)
         box.up()
         print(f"export PATH={box.layout.bin_dir}:$PATH")
         print(f"export KUBECONFIG={box.layout.admin_kubeconfig}")
