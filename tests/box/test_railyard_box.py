@@ -6,6 +6,7 @@ bridge. One decision, honoured at every hop."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -18,13 +19,16 @@ pytestmark = [pytest.mark.root, pytest.mark.box]
 SHOW = "env | sort; ip -o link; ls /dev/infiniband"
 
 
-@pytest.fixture(scope="module")
-def railyard_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
-    import os
-
+@pytest.fixture(scope="module", params=["dgx-h100", "hgx-h100-4nic"])
+def railyard_box(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
+    """A box running Railyard on a node of this hardware profile (a PF per GPU on dgx-h100; two
+    GPUs per PF on hgx-h100-4nic), 2 VFs per PF."""
     if os.geteuid() != 0:
         pytest.skip("the box needs root: network namespaces, mounts and cgroups")
-    running = kubebox.Box(tmp_path_factory.mktemp("railyard-box"), with_railyard=True)
+    folder = tmp_path_factory.mktemp(f"railyard-{request.param}")
+    kubebox.run(["railyard", "fixture", "--profile", request.param, "--vfs-per-pf", "2",
+                 str(folder / "node")])
+    running = kubebox.Box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True)
     running.up()
     try:
         yield running
