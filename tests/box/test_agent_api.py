@@ -37,7 +37,7 @@ from railyard.kubelet.apipods import ApiPods
 from railyard.records.allocation import decode_allocation, encode_allocation
 from railyard.topology.model import NodeTopology
 from support.allocations import allocation, nearest_vf
-from support.box import get, wait_for
+from support.box import get, kubebox, wait_for
 from support.fake_kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
@@ -232,7 +232,7 @@ def test_agent_publishes_its_node_topology_and_counts_what_it_holds(box, node, n
         def check():
             try:
                 obj = get(box, "nodetopologies", node)
-            except Exception:
+            except kubebox.BoxError:  # not published yet
                 return None
             status = obj.get("status") or {}
             return obj if status.get("vfs", {}).get("held") == held_vfs else None
@@ -352,3 +352,40 @@ def test_agent_serves_the_boxs_real_kubelet_from_the_nodes_sysfs(box, crd, tmp_p
         log.close()
         box.kubectl("delete", "namespace", ns, "--wait=false")
     assert proc.returncode == 0, (tmp_path / "agent.log").read_text()
+
+
+def test_a_pf_link_down_shows_in_the_node_topology_and_clears_when_it_is_up(box, node, tmp_path):
+    """The agent reads the tree's link state; the apiserver's copy of its status follows."""
+    tree, topo = tree_for(tmp_path, node)
+    nic = next(n for n in topo.nics if n.vfs and n.netdev)
+    oper = tree / "sys" / "bus" / "pci" / "devices" / nic.pci_address / "net" / nic.netdev \
+        / "operstate"
+    vfs = sum(len(n.vfs) for n in topo.nics)
+
+    def status_is(health: str):
+        def check():
+            try:
+                status = get(box, "nodetopologies", node).get("status") or {}
+            except kubebox.BoxError:  # not published yet
+                return None
+            return status if status.get("health") == health else None
+        return check
+
+    async def go() -> None:
+        async with running_agent(box, tmp_path, node, tree):
+            await until("a healthy NodeTopology", status_is("Healthy"))
+            oper.write_text("down\n")
+            status = await until("the link-down in the NodeTopology", status_is("Degraded"))
+            bad = {d["pciAddress"] for d in status["unhealthyDevices"]}
+            assert bad == {nic.pci_address, *(v.pci_address for v in nic.vfs)}
+            assert status["vfs"]["free"] == vfs - len(nic.vfs)
+            assert status["nics"]["free"] == len(topo.nics) - 1
+            (cond,) = status["conditions"]
+            assert (cond["type"], cond["status"]) == ("DevicesHealthy", "False")
+            shown = await asyncio.to_thread(box.kubectl, "get", "nodetopologies", node)
+            assert "Degraded" in shown, shown
+            oper.write_text("up\n")
+            status = await until("the link back up in the NodeTopology", status_is("Healthy"))
+            assert status["vfs"]["free"] == vfs and not status.get("unhealthyDevices")
+
+    asyncio.run(asyncio.wait_for(go(), 90))
