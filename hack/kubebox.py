@@ -60,6 +60,7 @@ DEFAULT_PROFILE = "dgx-h100"
 EXTENDER_USER = "railyard:extender"
 AGENT_USER = "railyard:agent"
 EXTENDER_PORT = 8888
+MULTUS_USER = "railyard-box:multus"
 SERVICE_CIDR = "10.96.0.0/24"
 SERVICE_IP = "10.96.0.1"
 POD_CIDR = "10.244.0.0/24"
@@ -122,6 +123,7 @@ class Family:
                 digest.update(path.read_bytes())
         digest.update(run(["go", "env", "GOVERSION"]).stdout.encode())
         digest.update(self.ldflags().encode() + self.tags.encode())
+        digest.update(EXTRAS.get(self.name, "").encode())  # files the build writes beside
         return digest.hexdigest()[:16]
 
     def out_dir(self) -> Path:
@@ -170,6 +172,8 @@ FAMILIES = {
                      ("gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus",)),
     "helm": Family("helm", HELM_VERSION, ("helm.sh/helm/v4/cmd/helm",)),
 }
+# Files a family's build keeps beside its binaries (part of its cache key).
+EXTRAS = {"kwok": "kwok-stages.yaml", "multus": "nad-crd.yaml"}
 # What `up` needs; kwok, Multus and helm are built when a box or a test asks for them.
 BOX_FAMILIES = ("kube", "containerd")
 
@@ -235,17 +239,30 @@ def _build_family(family: Family, out: Path) -> None:
             (staging / "bin" / component).symlink_to("kube")
     if family.name == "kwok":
         _write_kwok_stages(family, staging)
+    if family.name == "multus":
+        _write_nad_crd(family, staging)
     (staging / "complete").write_text(f"{time.monotonic() - started:.0f} s\n")
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     say(f"built {family.name} in {time.monotonic() - started:.0f} s")
 
 
+def _module_dir(family: Family, module: str) -> Path:
+    return Path(run(["go", "list", "-m", "-f", "{{.Dir}}", module],
+                    cwd=family.module_dir).stdout.strip())
+
+
+def _write_nad_crd(family: Family, staging: Path) -> None:
+    """The NetworkAttachmentDefinition CRD, as the pinned Multus release ships it."""
+    source = _module_dir(family, "gopkg.in/k8snetworkplumbingwg/multus-cni.v4")
+    documents = (source / "deployments/multus-daemonset.yml").read_text().split("\n---\n")
+    crd = next(d for d in documents if "kind: CustomResourceDefinition" in d)
+    (staging / "nad-crd.yaml").write_text(crd)
+
+
 def _write_kwok_stages(family: Family, staging: Path) -> None:
     """kwok runs no lifecycle without stages: keep its own fast node and pod stages."""
-    source = run(
-        ["go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/kwok"], cwd=family.module_dir
-    ).stdout.strip()
+    source = _module_dir(family, "sigs.k8s.io/kwok")
     parts = []
     for stage in ("node/fast", "node/heartbeat-with-lease", "pod/fast"):
         for path in sorted((Path(source) / "kustomize/stage" / stage).glob("*.yaml")):
@@ -516,9 +533,11 @@ class Box:
         kwok_nodes: int = 0,
         scheduler_config: Path | None = None,
         with_railyard: bool = False,
+        multus: bool = False,
     ) -> None:
         self.layout = Layout.for_dir(folder)
-        self.with_railyard = with_railyard
+        self.with_railyard = with_railyard or multus
+        self.multus = multus
         self.node_sysfs = node_sysfs
         self.kwok_nodes = kwok_nodes
         self.scheduler_config = scheduler_config
@@ -613,7 +632,8 @@ class Box:
         started = time.monotonic()
         if any(_alive(s.pid) for s in self.state.started):
             raise BoxError(f"a box is already up in {self.layout.dir}; run `hack/box down` first")
-        self.bins = build((*BOX_FAMILIES, "kwok") if self.kwok_nodes else BOX_FAMILIES)
+        self.bins = build((*BOX_FAMILIES, *(["kwok"] if self.kwok_nodes else []),
+                           *(["multus"] if self.multus else [])))
         self.state = BoxState(kwok_nodes=self.kwok_nodes)
         for sub in ("logs", "pki", "config", "cni/net.d", "cni/bin", "cdi", "pod-logs"):
             (self.layout.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -711,6 +731,7 @@ class Box:
             "kwok": "/CN=railyard-box:kwok",
             "railyard-extender": f"/CN={EXTENDER_USER}",
             "railyard-agent": f"/CN={AGENT_USER}",
+            "multus": f"/CN={MULTUS_USER}",
         }
         for name, subject in identities.items():
             pki.issue(name, subject)
@@ -962,12 +983,45 @@ state = "{lay.run_dir / 'containerd'}"
                 },
             }],
         }
+        net_d = self.layout.dir / "cni/net.d"
         if self.with_railyard:
             run(["railyard", "cni", "install", "--bin-dir", str(self.layout.dir / "cni/bin")])
+        if self.multus:
+            self._multus_config(conflist)
+            return
+        if self.with_railyard:
             # Chained: eth0 is the bridge's, the pod's VFs become net1, net1-1, … in pair order.
             conflist["plugins"].append({"type": "railyard-cni", "ifname": "net1",
                                         "agentSocket": str(self.cni_socket)})
-        (self.layout.dir / "cni/net.d/10-box.conflist").write_text(json.dumps(conflist, indent=1))
+        (net_d / "10-box.conflist").write_text(json.dumps(conflist, indent=1))
+
+    def _multus_config(self, cluster_network: dict[str, Any]) -> None:
+        """Multus's thin plugin as the node's network: the bridge for eth0, and whatever a pod's
+        `k8s.v1.cni.cncf.io/networks` names, through NetworkAttachmentDefinitions."""
+        lay = self.layout
+        (lay.dir / "cni/bin/multus").symlink_to(self.bins["multus"] / "multus")
+        self.kubectl("apply", "-f", str(self.bins["multus"].parent / "nad-crd.yaml"))
+        self.kubectl("apply", "-f", "-", input=json.dumps(multus_rbac()))
+        multus = {
+            "cniVersion": "1.0.0",
+            "name": "multus-cni-network",
+            "type": "multus",
+            "kubeconfig": str(lay.dir / "config/multus.kubeconfig"),
+            "cniDir": str(lay.run_dir / "multus"),
+            "binDir": f"{lay.dir / 'cni/bin'}:/usr/lib/cni",
+            "logToStderr": True,
+            "delegates": [cluster_network],
+        }
+        (lay.dir / "cni/net.d/00-multus.conf").write_text(json.dumps(multus, indent=1))
+
+    def network_attachment(self, namespace: str, name: str = "railyard-vfs") -> str:
+        """A NetworkAttachmentDefinition for Railyard's VFs in `namespace`; returns its name."""
+        config = {"cniVersion": "1.0.0", "name": name, "type": "railyard-cni",
+                  "agentSocket": str(self.cni_socket)}
+        self.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name}, "spec": {"config": json.dumps(config)}}))
+        return name
 
     def _kubelet_config(self) -> Path:
         lay = self.layout
@@ -1215,6 +1269,26 @@ def railyard_rbac() -> dict:
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
+def multus_rbac() -> dict:
+    """What Multus's thin plugin reads and writes: attachments, the pod and its status."""
+    rules = [
+        {"apiGroups": ["k8s.cni.cncf.io"], "resources": ["network-attachment-definitions"],
+         "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods", "pods/status"], "verbs": ["get", "update"]},
+        {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
+         "verbs": ["create", "patch", "update"]},
+    ]
+    ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "box-multus"}
+    return {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "box-multus"}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": "box-multus"}, "roleRef": ref,
+         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                       "name": MULTUS_USER}]},
+    ]}
+
+
 def _railyard() -> str:
     found = shutil.which("railyard")
     if found is None:
@@ -1322,6 +1396,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run Railyard: its extender in kube-scheduler's configuration, its "
                     "agent serving the real kubelet on the node's sysfs, railyard-cni in the "
                     "node's CNI chain")
+    up.add_argument("--multus", action="store_true",
+                    help="with --with-railyard: Multus's thin plugin as the node's network, "
+                    "Railyard's VFs through a NetworkAttachmentDefinition (Box.network_attachment)")
     down = commands.add_parser("down", help="stop a box and remove all it made")
     down.add_argument("--dir", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -1346,7 +1423,8 @@ def main(argv: list[str] | None = None) -> int:
             if value is not None and not value.exists():
                 parser.error(f"--{option.replace('_', '-')} {value}: no such file or folder")
         box = Box(args.dir, node_sysfs=args.node_sysfs, kwok_nodes=args.kwok_nodes,
-                  scheduler_config=args.scheduler_config, with_railyard=args.with_railyard)
+                  scheduler_config=args.scheduler_config, with_railyard=args.with_railyard,
+                  multus=args.multus)
         box.up()
         print(f"export PATH={box.layout.bin_dir}:$PATH")
         print(f"export KUBECONFIG={box.layout.admin_kubeconfig}")

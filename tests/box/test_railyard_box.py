@@ -19,16 +19,20 @@ pytestmark = [pytest.mark.root, pytest.mark.box]
 SHOW = "env | sort; ip -o link; ls /dev/infiniband"
 
 
-@pytest.fixture(scope="module", params=["dgx-h100", "hgx-h100-4nic"])
+@pytest.fixture(scope="module", params=[("dgx-h100", "chained"), ("hgx-h100-4nic", "chained"),
+                                        ("dgx-h100", "multus")], ids="-".join)
 def railyard_box(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
     """A box running Railyard on a node of this hardware profile (a PF per GPU on dgx-h100; two
-    GPUs per PF on hgx-h100-4nic), 2 VFs per PF."""
+    GPUs per PF on hgx-h100-4nic), 2 VFs per PF; railyard-cni chained after the bridge, or
+    reached through Multus and a NetworkAttachmentDefinition."""
     if os.geteuid() != 0:
         pytest.skip("the box needs root: network namespaces, mounts and cgroups")
-    folder = tmp_path_factory.mktemp(f"railyard-{request.param}")
-    kubebox.run(["railyard", "fixture", "--profile", request.param, "--vfs-per-pf", "2",
+    profile, network = request.param
+    folder = tmp_path_factory.mktemp(f"railyard-{profile}-{network}")
+    kubebox.run(["railyard", "fixture", "--profile", profile, "--vfs-per-pf", "2",
                  str(folder / "node")])
-    running = kubebox.Box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True)
+    running = kubebox.Box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
+                          multus=network == "multus")
     running.up()
     try:
         yield running
@@ -36,10 +40,14 @@ def railyard_box(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         running.down()
 
 
-def asking(name: str, command: list[str], **limits: int) -> dict:
+def asking(box, ns: str, name: str, command: list[str], **limits: int) -> dict:
+    """A pod asking GPUs and VFs by limits only; through Multus, it also names the attachment."""
     manifest = pod(name, command)
     manifest["spec"]["containers"][0]["resources"] = {"limits": {
         {"gpus": "nvidia.com/gpu", "vfs": "railyard.dev/vf"}[k]: v for k, v in limits.items()}}
+    if box.multus:
+        manifest["metadata"]["annotations"] = {
+            "k8s.v1.cni.cncf.io/networks": box.network_attachment(ns)}
     return manifest
 
 
@@ -58,7 +66,7 @@ def test_one_decision_honoured_at_every_hop(railyard_box):
     box = railyard_box
     before = host_links(box)
     ns = namespace(box)
-    log = run_to_success(box, ns, asking("train", ["sh", "-c", SHOW], gpus=2, vfs=2))
+    log = run_to_success(box, ns, asking(box, ns, "train", ["sh", "-c", SHOW], gpus=2, vfs=2))
 
     record = get(box, "pod", "train", "-n", ns)
     allocation = decode_allocation(record["metadata"]["annotations"]["railyard.dev/allocation"])
@@ -100,7 +108,7 @@ def test_a_pod_that_cannot_fit_stays_pending_with_railyards_reason(railyard_box)
     box = railyard_box
     ns = namespace(box)
     box.kubectl("apply", "-n", ns, "-f", "-",
-                input=json.dumps(asking("greedy", ["true"], gpus=1, vfs=40)))
+                input=json.dumps(asking(box, ns, "greedy", ["true"], gpus=1, vfs=40)))
 
     def reason() -> str:
         events = get(box, "events", "-n", ns, "--field-selector", "involvedObject.name=greedy")
@@ -114,8 +122,8 @@ def test_a_pod_that_cannot_fit_stays_pending_with_railyards_reason(railyard_box)
 def test_a_completed_pod_gives_its_devices_to_the_next(railyard_box):
     box = railyard_box
     ns = namespace(box)
-    run_to_success(box, ns, asking("first", ["true"], gpus=8, vfs=8))
-    run_to_success(box, ns, asking("second", ["true"], gpus=8, vfs=8))
+    run_to_success(box, ns, asking(box, ns, "first", ["true"], gpus=8, vfs=8))
+    run_to_success(box, ns, asking(box, ns, "second", ["true"], gpus=8, vfs=8))
     first, second = (decode_allocation(get(box, "pod", name, "-n", ns)["metadata"][
         "annotations"]["railyard.dev/allocation"]) for name in ("first", "second"))
     assert {p.gpu.pci_address for p in first.pairs} == {p.gpu.pci_address for p in second.pairs}
