@@ -688,7 +688,7 @@ class Box:
         tree = self.layout.dir / "node-sysfs"
         if not (tree / "sys").exists():
             shutil.rmtree(tree, ignore_errors=True)
-            run(["railyard", "fixture", "--profile", DEFAULT_PROFILE, "--vfs-per-pf", "2",
+            run([_railyard(), "fixture", "--profile", DEFAULT_PROFILE, "--vfs-per-pf", "2",
                  str(tree)])
         self.node_sysfs = tree / "sys"
         return self.node_sysfs
@@ -985,7 +985,7 @@ state = "{lay.run_dir / 'containerd'}"
         }
         net_d = self.layout.dir / "cni/net.d"
         if self.with_railyard:
-            run(["railyard", "cni", "install", "--bin-dir", str(self.layout.dir / "cni/bin")])
+            run([_railyard(), "cni", "install", "--bin-dir", str(self.layout.dir / "cni/bin")])
         if self.multus:
             self._multus_config(conflist)
             return
