@@ -1244,6 +1244,8 @@ def railyard_rbac() -> dict:
             rule([""], ["pods"], ["get", "list", "watch", "patch"]),
             rule([""], ["pods/binding"], ["create"]),
             rule(["railyard.dev"], ["nodetopologies"], ["get", "list", "watch"]),
+            # Leader election (decision 0074); the box's Lease is kube-system/railyard-scheduler.
+            rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
             events,
         ],
         AGENT_USER: [

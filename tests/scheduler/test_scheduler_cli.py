@@ -106,6 +106,8 @@ def test_bad_cluster_file_is_one_line_on_stderr_and_exit_2(tmp_path, content, me
     (["--cluster-file", "c.yaml", "--kubeconfig", "k"], "not both"),
     (["--kubeconfig", "/nonexistent/kubeconfig"], "/nonexistent/kubeconfig"),
     ([], "not in a cluster"),
+    (["--leader-elect-renew-deadline", "20"], "--leader-elect-renew-deadline < "
+                                              "--leader-elect-lease-duration"),
 ])
 def test_cluster_mode_mistakes_are_one_line_on_stderr_and_exit_2(tmp_path, argv, message):
     env_out = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}

@@ -6,6 +6,7 @@ Imports stay inside the command so `railyard --help` stays fast.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -15,6 +16,17 @@ from railyard.cli.app import app, fail
 
 if TYPE_CHECKING:
     from railyard.scheduler.service import Extender
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElection:
+    """The `--leader-elect-*` flags."""
+
+    namespace: str
+    name: str
+    lease_duration_s: float
+    renew_deadline_s: float
+    retry_period_s: float
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -53,6 +65,23 @@ def scheduler(
     pod_cache: Annotated[int, typer.Option(
         "--pod-cache", metavar="N", help="Pods remembered between filter and bind.")
     ] = 10_000,
+    leader_elect: Annotated[bool, typer.Option(
+        "--leader-elect/--no-leader-elect",
+        help="On the API: only the replica holding the Lease binds; the others answer "
+             "filter and prioritize and refuse binds (docs/decisions/0074).")] = True,
+    leader_elect_lease_duration: Annotated[float, typer.Option(
+        "--leader-elect-lease-duration", metavar="SECONDS",
+        help="How long a replica waits, from the last renewal it saw, to take over.")] = 15.0,
+    leader_elect_renew_deadline: Annotated[float, typer.Option(
+        "--leader-elect-renew-deadline", metavar="SECONDS",
+        help="The leader stops binding when it has not renewed for this long.")] = 10.0,
+    leader_elect_retry_period: Annotated[float, typer.Option(
+        "--leader-elect-retry-period", metavar="SECONDS",
+        help="Between two tries to acquire or renew.")] = 2.0,
+    leader_elect_namespace: Annotated[str, typer.Option(
+        "--leader-elect-namespace", metavar="NS")] = "kube-system",
+    leader_elect_name: Annotated[str, typer.Option(
+        "--leader-elect-name", metavar="NAME")] = "railyard-scheduler",
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
@@ -82,7 +111,16 @@ def scheduler(
             fail("--state-file needs --cluster-file (on a cluster the pods are the record)")
         if kube_qps <= 0 or kube_burst < 1:
             fail("--kube-qps must be above 0 and --kube-burst at least 1")
-        _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst)
+        election = None
+        if leader_elect:
+            if not (0 < leader_elect_retry_period < leader_elect_renew_deadline
+                    < leader_elect_lease_duration):
+                fail("leader election needs 0 < --leader-elect-retry-period < "
+                     "--leader-elect-renew-deadline < --leader-elect-lease-duration")
+            election = LeaderElection(leader_elect_namespace, leader_elect_name,
+                                      leader_elect_lease_duration, leader_elect_renew_deadline,
+                                      leader_elect_retry_period)
+        _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
@@ -136,16 +174,19 @@ async def _serve(extender: Extender, host: str, port: int, source: str) -> None:
 
 
 def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
-               qps: float, burst: int) -> None:
+               qps: float, burst: int, election: LeaderElection | None) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
+    import logging
 
     from railyard.kube.client import Client
     from railyard.kube.config import KubeConfigError, load
+    from railyard.kube.lease import ApiLeases, Elector, default_identity
     from railyard.scheduler.cluster_api import ApiCluster
     from railyard.scheduler.service import Extender, settle_heap
     from railyard.scheduler.state import ClusterState
 
+    log = logging.getLogger("railyard.scheduler")
     try:
         config = load(kubeconfig)
     except KubeConfigError as e:
@@ -154,14 +195,31 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
     async def serve() -> None:
         async with Client(config, qps=qps, burst=burst, user_agent="railyard-scheduler") as c:
             state = ClusterState(())
-            cluster = ApiCluster(c, state)
+            elector = None
+            if election is not None:
+                elector = Elector(
+                    ApiLeases(c, election.namespace, election.name), default_identity(),
+                    lease_duration_s=election.lease_duration_s,
+                    renew_deadline_s=election.renew_deadline_s,
+                    retry_period_s=election.retry_period_s)
+                lease = f"{election.namespace}/{election.name}"
+                identity = elector.identity
+                elector.on_change = lambda leads: log.info(
+                    "%s %s the lease %s", identity, "holds" if leads else "does not hold",
+                    lease)
+            cluster = ApiCluster(c, state, elector.is_leader if elector else None)
             await cluster.start()
-            extender = Extender(state, cluster.binder, pod_cache=pod_cache)
+            extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector)
             cluster.sync.on_pods_changed = lambda: extender.metrics.pods.set(state.pod_count())
             settle_heap()
+            campaign = asyncio.ensure_future(elector.run()) if elector else None
             try:
                 await _serve(extender, host, port, f", on {config.server}")
             finally:
+                if campaign is not None and elector is not None:
+                    campaign.cancel()
+                    await asyncio.gather(campaign, return_exceptions=True)
+                    await elector.release()
                 await cluster.stop()
 
     try:

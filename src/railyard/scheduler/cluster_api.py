@@ -225,6 +225,10 @@ def pairs_text(alloc: Allocation) -> str:
     return "; ".join(parts) or "no devices"
 
 
+class NotLeader(Exception):
+    """A bind's write was stopped: this replica no longer holds the Lease."""
+
+
 class PodBinder:
     """The `ClusterWriter` on the API: the Allocation annotation on the pod (a merge patch
     carrying the pod's uid and resourceVersion, so it lands on the pod kube-scheduler placed
@@ -232,8 +236,12 @@ class PodBinder:
     A Binding that fails takes the annotation off again before the error goes back."""
 
     def __init__(self, client: Client, sync: ClusterSync,
-                 pods: Reflector[Pod] | None = None) -> None:
+                 pods: Reflector[Pod] | None = None,
+                 fence: Callable[[], bool] | None = None) -> None:
         self.client, self.sync, self.pods = client, sync, pods
+        # Leader election's fence (decision 0074): checked right before each annotation
+        # write, so a leader that could not renew writes nothing more.
+        self.fence = fence
         self.instance = os.uname().nodename
         self._events: set[asyncio.Task[None]] = set()
 
@@ -243,6 +251,8 @@ class PodBinder:
         try:
             if pod.allocation is not None:
                 await self._annotate(pod, pod.allocation)
+            else:
+                self._fenced(pod)
             try:
                 await self.client.create(
                     f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
@@ -262,6 +272,11 @@ class PodBinder:
             self._event(pod, "Allocated",
                         f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
 
+    def _fenced(self, pod: BoundPod) -> None:
+        if self.fence is not None and not self.fence():
+            raise NotLeader(f"pod {pod.namespace}/{pod.name}: this replica lost the leader's "
+                            "lease before writing its bind")
+
     def _path(self, pod: BoundPod) -> str:
         return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
 
@@ -278,6 +293,7 @@ class PodBinder:
                     raise ApiError(409, "Conflict", f"the pod is now uid "
                                    f"{current.metadata.uid}, not {pod.uid}", self._path(pod))
                 version = current.metadata.resource_version
+            self._fenced(pod)
             meta = {"uid": pod.uid, "resourceVersion": version,
                     "annotations": {ALLOCATION_ANNOTATION: encode_allocation(alloc)}}
             try:
@@ -327,13 +343,14 @@ class ApiCluster:
     """The two reflectors, the sync they feed and the binder: `await start()` lists both,
     then watches on; `stop()` ends the watches."""
 
-    def __init__(self, client: Client, state: ClusterState) -> None:
+    def __init__(self, client: Client, state: ClusterState,
+                 fence: Callable[[], bool] | None = None) -> None:
         self.client = client
         self.sync = ClusterSync(state)
         self.topologies: Reflector[TopologyObject] = Reflector(
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
         self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
-        self.binder = PodBinder(client, self.sync, self.pods)
+        self.binder = PodBinder(client, self.sync, self.pods, fence)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout_s: float = 120.0) -> None:

@@ -18,6 +18,7 @@ UNRESOLVABLE = "unresolvable"  # the node can never host the request
 NOT_SEEN = "not_seen"  # bind for a pod we never filtered (extender restarted)
 ALREADY_BOUND = "already_bound"  # a UID bound elsewhere: its bind, or per node in filter
 WRITE_FAILED = "write_failed"  # recording the binding failed; ledger rolled back
+NOT_LEADER = "not_leader"  # a bind reached a replica that does not hold the Lease
 
 # Filter is expected in the low milliseconds; bind includes an fsync.
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)

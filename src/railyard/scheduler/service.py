@@ -53,6 +53,14 @@ class ClusterWriter(Protocol):
     async def bind(self, pod: BoundPod) -> None: ...
 
 
+class Leadership(Protocol):
+    """Whether this replica may write (`railyard.kube.lease.Elector`, decision 0074)."""
+
+    holder: str
+
+    def is_leader(self) -> bool: ...
+
+
 class PodCache:
     """Pods seen in filter/prioritize/preempt, by UID: bind carries only names and the UID.
 
@@ -102,8 +110,9 @@ class Extender:
 
     def __init__(self, state: ClusterState, writer: ClusterWriter | None = None, *,
                  state_file: StateFile | None = None, metrics: Metrics | None = None,
-                 pod_cache: int = DEFAULT_POD_CACHE) -> None:
+                 pod_cache: int = DEFAULT_POD_CACHE, leader: Leadership | None = None) -> None:
         self.state = state
+        self.leader = leader  # None: the only replica (cluster-file mode), always binds
         self.writer = writer
         self.state_file = state_file
         self.metrics = metrics or Metrics()
@@ -202,6 +211,13 @@ class Extender:
         """Bind one pod; the empty string on success, else the error for kube-scheduler."""
         uid = args.PodUID
         who = f"pod {args.PodNamespace}/{args.PodName} ({uid})"
+        if self.leader is not None and not self.leader.is_leader():
+            # Refused, not forwarded (decision 0074): kube-scheduler puts the pod back in its
+            # queue and binds it on a later try, by which time a leader answers.
+            self.metrics.failure("bind", m.NOT_LEADER)
+            holder = self.leader.holder or "nobody yet"
+            return (f"cannot bind {who}: this Railyard extender is not the leader (the lease "
+                    f"is held by {holder}); kube-scheduler will retry")
         releasing = self._releasing.get(uid)
         if releasing is not None:
             await asyncio.shield(releasing)
