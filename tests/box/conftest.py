@@ -4,37 +4,21 @@ hack/kubebox.py (docs/testing.md); they need root, and skip elsewhere with that 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from support.box import KWOK_NODES, kubebox
-
-
-def _require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the box needs root: network namespaces, mounts and cgroups")
+from support.box import KWOK_NODES, kubebox, running_box
 
 
 @pytest.fixture(scope="session")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
-    _require_root()
-    running = kubebox.Box(tmp_path_factory.mktemp("box"), kwok_nodes=KWOK_NODES)
-    running.up()
-    try:
+    with running_box(tmp_path_factory.mktemp("box"), kwok_nodes=KWOK_NODES) as running:
         yield running
-    finally:
-        running.down()
 
 
 @pytest.fixture(scope="module")
 def drill_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
     """A box of its own for drills that restart components."""
-    _require_root()
-    running = kubebox.Box(tmp_path_factory.mktemp("drill-box"))
-    running.up()
-    try:
+    with running_box(tmp_path_factory.mktemp("drill-box")) as running:
         yield running
-    finally:
-        running.down()

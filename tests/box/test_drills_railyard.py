@@ -17,7 +17,7 @@ import pytest
 
 from railyard.allocation.types import Allocation
 from railyard.records.allocation import decode_allocation
-from support.box import get, kubebox, namespace, phase, pod, wait_for
+from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -28,14 +28,8 @@ LINKS = "ip -o link"
 @pytest.fixture(scope="module")
 def railyard_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
     """The box's own dgx-h100 node (a PF per GPU, 2 VFs per PF: 8 GPUs, 16 VFs)."""
-    if os.geteuid() != 0:
-        pytest.skip("the box needs root: network namespaces, mounts and cgroups")
-    running = kubebox.Box(tmp_path_factory.mktemp("railyard-drills"), with_railyard=True)
-    running.up()
-    try:
+    with running_box(tmp_path_factory.mktemp("railyard-drills"), with_railyard=True) as running:
         yield running
-    finally:
-        running.down()
 
 
 @pytest.fixture

@@ -6,13 +6,21 @@ bridge. One decision, honoured at every hop."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
 
 from railyard.records.allocation import decode_allocation
-from support.box import get, kubebox, namespace, phase, pod, run_to_success, wait_for
+from support.box import (
+    get,
+    kubebox,
+    namespace,
+    phase,
+    pod,
+    run_to_success,
+    running_box,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -25,19 +33,13 @@ def railyard_box(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """A box running Railyard on a node of this hardware profile (a PF per GPU on dgx-h100; two
     GPUs per PF on hgx-h100-4nic), 2 VFs per PF; railyard-cni chained after the bridge, or
     reached through Multus and a NetworkAttachmentDefinition."""
-    if os.geteuid() != 0:
-        pytest.skip("the box needs root: network namespaces, mounts and cgroups")
     profile, network = request.param
     folder = tmp_path_factory.mktemp(f"railyard-{profile}-{network}")
     kubebox.run(["railyard", "fixture", "--profile", profile, "--vfs-per-pf", "2",
                  str(folder / "node")])
-    running = kubebox.Box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
-                          multus=network == "multus")
-    running.up()
-    try:
+    with running_box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
+                     multus=network == "multus") as running:
         yield running
-    finally:
-        running.down()
 
 
 def asking(box, ns: str, name: str, command: list[str], **limits: int) -> dict:

@@ -3,12 +3,14 @@ busybox pod, and waiting with a named timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,6 +33,20 @@ def _load_kubebox() -> ModuleType:
 
 kubebox = _load_kubebox()
 KWOK_NODES = 100  # the session box has these (tests/box/conftest.py)
+
+
+@contextlib.contextmanager
+def running_box(folder: Path, **options: Any) -> Iterator[Any]:
+    """A box (kubebox.Box options) that is up inside the block and down after it; tests that
+    need one skip without root."""
+    if os.geteuid() != 0:
+        pytest.skip("the box needs root: network namespaces, mounts and cgroups")
+    box = kubebox.Box(folder, **options)
+    box.up()
+    try:
+        yield box
+    finally:
+        box.down()
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, every: float = 0.5):

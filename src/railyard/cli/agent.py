@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from railyard.cli.app import app, fail
+from railyard.cli.app import KubeBurst, KubeQps, app, check_kube_limits, fail
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
 
 
@@ -27,12 +27,8 @@ def agent(
         "--kubeconfig", metavar="PATH",
         help="Cluster mode: read this node's pods from the API server, publish its "
              "NodeTopology, write the node's decisions back to pods.")] = None,
-    kube_qps: Annotated[float, typer.Option(
-        "--kube-qps", metavar="N", help="Client-side limit on API requests per second.")
-    ] = 50.0,
-    kube_burst: Annotated[int, typer.Option(
-        "--kube-burst", metavar="N", help="API requests allowed at once above --kube-qps.")
-    ] = 100,
+    kube_qps: KubeQps = 50.0,
+    kube_burst: KubeBurst = 100,
     sysfs_root: Annotated[Path, typer.Option(
         "--sysfs-root", metavar="DIR", help="Folder holding sys/ and proc/.")] = Path("/"),
     kubelet_dir: Annotated[Path, typer.Option(
@@ -74,8 +70,7 @@ def agent(
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if pods_file is not None and kubeconfig is not None:
         fail("--pods-file and --kubeconfig: give one (the pods come from one source)")
-    if kube_qps <= 0 or kube_burst < 1:
-        fail("--kube-qps must be above 0 and --kube-burst at least 1")
+    check_kube_limits(kube_qps, kube_burst)
     try:
         cfg = load_config(config)
         kube = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -54,3 +54,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     """End a command with a one-line error on stderr instead of a traceback."""
     print(f"railyard: error: {message}", file=sys.stderr)
     raise typer.Exit(code)
+
+
+# The API client's limits, the same for every service that talks to the API server.
+KubeQps = Annotated[float, typer.Option(
+    "--kube-qps", metavar="N", help="Client-side limit on API requests per second.")]
+KubeBurst = Annotated[int, typer.Option(
+    "--kube-burst", metavar="N", help="API requests allowed at once above --kube-qps.")]
+
+
+def check_kube_limits(qps: float, burst: int) -> None:
+    if qps <= 0 or burst < 1:
+        fail("--kube-qps must be above 0 and --kube-burst at least 1")

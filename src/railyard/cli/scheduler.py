@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from railyard.cli.app import app, fail
+from railyard.cli.app import KubeBurst, KubeQps, app, check_kube_limits, fail
 
 if TYPE_CHECKING:
     from railyard.scheduler.service import Extender
@@ -49,12 +49,8 @@ def scheduler(
         "--kubeconfig", metavar="FILE",
         help="Run on the cluster this kubeconfig names (without it and without "
              "--cluster-file: the pod's own service account).")] = None,
-    kube_qps: Annotated[float, typer.Option(
-        "--kube-qps", metavar="N", help="Client-side limit on API requests per second.")
-    ] = 50.0,
-    kube_burst: Annotated[int, typer.Option(
-        "--kube-burst", metavar="N", help="API requests allowed at once above --kube-qps.")
-    ] = 100,
+    kube_qps: KubeQps = 50.0,
+    kube_burst: KubeBurst = 100,
     listen: Annotated[str, typer.Option(
         "--listen", metavar="HOST:PORT", help="Where kube-scheduler reaches the extender.")
     ] = "0.0.0.0:8888",
@@ -109,8 +105,7 @@ def scheduler(
     if cluster_file is None:
         if state_file is not None:
             fail("--state-file needs --cluster-file (on a cluster the pods are the record)")
-        if kube_qps <= 0 or kube_burst < 1:
-            fail("--kube-qps must be above 0 and --kube-burst at least 1")
+        check_kube_limits(kube_qps, kube_burst)
         election = None
         if leader_elect:
             if not (0 < leader_elect_retry_period < leader_elect_renew_deadline
