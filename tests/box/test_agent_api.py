@@ -37,7 +37,7 @@ from railyard.kubelet.apipods import ApiPods
 from railyard.records.allocation import decode_allocation, encode_allocation
 from railyard.topology.model import NodeTopology
 from support.allocations import allocation, nearest_vf
-from support.box import get, kubebox, wait_for
+from support.box import get, kubebox, namespace, wait_for
 from support.fake_kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
@@ -67,8 +67,7 @@ def node(crd) -> Iterator[str]:
 
 @pytest.fixture
 def ns(box) -> Iterator[str]:
-    name = f"t-{uuid.uuid4().hex[:8]}"
-    box.kubectl("create", "namespace", name)
+    name = namespace(box)
     yield name
     box.kubectl("delete", "namespace", name, "--wait=false")
 
@@ -313,8 +312,7 @@ def test_agent_serves_the_boxs_real_kubelet_from_the_nodes_sysfs(box, crd, tmp_p
         [*CMD, "--node-name", node, "--kubeconfig", str(box.layout.admin_kubeconfig),
          "--sysfs-root", str(box.node_sysfs.parent), "--kubelet-dir", str(box.layout.kubelet_dir),
          "--state-dir", str(tmp_path / "state")], stdout=log, stderr=log)
-    ns = f"t-{uuid.uuid4().hex[:8]}"
-    box.kubectl("create", "namespace", ns)
+    ns = namespace(box)
     try:
         def allocatable():
             got = get(box, "node", node)["status"].get("allocatable", {})

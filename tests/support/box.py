@@ -62,9 +62,14 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 120.0, every:
 
 
 def namespace(box) -> str:
-    """A fresh namespace for one test."""
+    """A fresh namespace for one test, ready for pods: the API refuses pods until the
+    controller-manager has made the namespace's `default` ServiceAccount, which takes longer
+    than usual right after an apiserver restart (its watches are reconnecting)."""
     name = f"t-{uuid.uuid4().hex[:8]}"
     box.kubectl("create", "namespace", name)
+    wait_for(f"the default ServiceAccount of namespace {name}",
+             lambda: box.kubectl("get", "serviceaccount", "default", "-n", name,
+                                 "-o", "name", check=False).strip(), timeout=60)
     return name
 
 
