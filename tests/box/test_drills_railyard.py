@@ -184,11 +184,6 @@ def test_extender_killed_and_restarted_keeps_holdings_and_never_holds_a_device_t
     assert {p["name"] for p in holdings(box)} == set("abcd")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "the extender places a new pod on the VFs of a PF whose link is down: the NodeTopology "
-    "status lists them in unhealthyDevices (and kubelet counts them out), yet a pod asking 11 "
-    "VFs is bound onto 0000:18:00.2, 0000:4f:00.1, 0000:4f:00.2 (src/railyard/scheduler "
-    "ignores status health); kubelet then swaps in healthy VFs, starving the next pod"))
 def test_a_pf_link_down_marks_its_vfs_unhealthy_and_new_pods_go_elsewhere(railyard_box, ns):
     """Both halves of a link-down: the tree's `operstate` the agent reads, and the stand-in
     link itself. One PF carries the running pod's first VF, another is free."""

@@ -9,14 +9,20 @@ from scheduler_helpers import hand_allocation
 
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.request import Request
-from railyard.allocation.types import Allocation
+from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import build_topology, profile
 from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
 from railyard.records.allocation import encode_allocation
+from railyard.records.nodetopology_cr import (
+    DeviceCounts,
+    NodeTopologyStatus,
+    UnhealthyDevice,
+    status_to_json,
+)
 from railyard.records.topology import topology_to_json
 from railyard.scheduler.cluster_api import ClusterSync, TopologyObject
-from railyard.scheduler.state import ClusterState
+from railyard.scheduler.state import UNHEALTHY_HOLDER, ClusterState
 from railyard.topology.model import NodeTopology
 
 
@@ -128,3 +134,59 @@ def test_a_bad_spec_makes_the_node_unknown_not_the_extender_fail():
     assert "a" not in sync.state
     sync.on_topology(Change("DELETED", "a", TopologyObject(ObjectMeta(name="a"))))
     assert len(sync.shapes) == 0
+
+
+def with_status(node: str, unhealthy: list[str], version: int) -> TopologyObject:
+    """The node's CR after its agent reported `unhealthy` (the spec unchanged)."""
+    counts = DeviceCounts(total=16, free=16 - len(unhealthy), held=0)
+    status = NodeTopologyStatus(gpus=DeviceCounts(8, 8, 0), nics=counts, vfs=counts,
+                                unhealthy=tuple(UnhealthyDevice(a, "link down")
+                                                for a in unhealthy))
+    return TopologyObject(ObjectMeta(name=node, generation=1, resource_version=str(version)),
+                          status=msgspec.Raw(msgspec.json.encode(status_to_json(status))))
+
+
+def vfs_of(alloc: Allocation | Infeasible) -> set[str]:
+    assert isinstance(alloc, Allocation), alloc
+    return {n.pci_address for n in alloc.vfs}
+
+
+def test_devices_the_status_lists_unhealthy_go_to_no_new_pod_and_come_back_when_healthy():
+    t = topology("a")
+    sync = synced("a")
+    pf = t.nics[0]
+    down = [pf.pci_address, *(v.pci_address for v in pf.vfs)]
+    running = hand_allocation(t, [(0, 0, 0)])  # holds pf's first VF
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", running)))
+    sync.on_topology(Change("MODIFIED", "a", with_status("a", down, 2)))
+    assert sync.decoded == 1 and sync.state.unhealthy("a") == frozenset(down)
+    assert sync.state.pod("1") is not None  # a running pod keeps what it holds
+    # Every other healthy VF can be had; none of the down PF's.
+    healthy = sum(len(n.vfs) for n in t.nics) - len(pf.vfs)
+    got = vfs_of(sync.state.bind("2", "ml", "p-2", "a", Request(vfs=healthy)))
+    assert not got & set(down)
+    assert isinstance(sync.state.bind("3", "ml", "p-3", "a", Request(vfs=1)), Infeasible)
+    # The running pod leaves: its VF is still down, so still kept from new pods.
+    sync.on_pod(Change("DELETED", "ml/p-1", pod("1", running)))
+    assert isinstance(sync.state.bind("3", "ml", "p-3", "a", Request(vfs=1)), Infeasible)
+    assert [u for u, _ in sync.state.ledger("a").holders() if u != UNHEALTHY_HOLDER] == ["2"]
+    # The link comes back: its VFs are free again.
+    sync.on_topology(Change("MODIFIED", "a", with_status("a", [], 3)))
+    assert vfs_of(sync.state.bind("3", "ml", "p-3", "a", Request(vfs=2))) == {
+        v.pci_address for v in pf.vfs}
+
+
+def test_an_unhealthy_pf_is_not_given_whole_and_an_unreadable_status_keeps_the_health():
+    t = topology("a")
+    sync = synced("a")
+    pf = t.nics[0].pci_address
+    sync.on_topology(Change("MODIFIED", "a", with_status("a", [pf], 2)))
+    sync.on_topology(Change("MODIFIED", "a", TopologyObject(
+        ObjectMeta(name="a", generation=1, resource_version="3"),
+        status=msgspec.Raw(b'{"unhealthyDevices": 3}'))))
+    assert sync.state.unhealthy("a") == {pf}
+    whole = sync.state.bind("1", "ml", "p-1", "a", Request(pfs=len(t.nics)))
+    assert isinstance(whole, Infeasible)
+    some = sync.state.bind("1", "ml", "p-1", "a", Request(pfs=len(t.nics) - 1))
+    assert isinstance(some, Allocation) and pf not in {n.pci_address for n in some.pfs}
+    assert sync.state.pod_count() == 1  # the health hold is no pod

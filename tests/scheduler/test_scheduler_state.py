@@ -268,3 +268,52 @@ def test_a_groups_reason_names_each_node_without_rewriting_other_words():
         out = s.filter(gpu_vf(16), order)
         assert out.unresolvable == {"16": "16 GPUs requested but 16 has 8",
                                     "n2": "16 GPUs requested but n2 has 8"}
+
+
+health_ops = st.lists(st.tuples(
+    st.sampled_from(["bind", "bind-pf", "release", "health"]), st.integers(0, 7),
+    st.integers(0, 11), st.sets(st.integers(0, 40), max_size=6)), max_size=30)
+
+
+@settings(max_examples=80, deadline=None)
+@given(health_ops)
+def test_no_new_pod_gets_an_unhealthy_device_and_pods_keep_theirs(sequence):
+    """Health reports, binds (VFs or whole PFs) and releases in any order: a bind never
+    gets a device then reported unhealthy (nor a VF of an unhealthy PF), a pod's holding
+    never changes under it, and every unhealthy device no pod holds is kept back."""
+    s = state("dgx-h100:1")
+    (node,) = s.node_names()
+    t = s.topology(node)
+    devices = [g.pci_address for g in t.gpus] + [n.pci_address for n in t.nics] + [
+        v.pci_address for n in t.nics for v in n.vfs]
+    pf_of = {v.pci_address: n.pci_address for n in t.nics for v in n.vfs}
+    vfs_of = {n.pci_address: {v.pci_address for v in n.vfs} for n in t.nics}
+    bad: frozenset[str] = frozenset()
+    held: dict[str, Allocation] = {}
+
+    def free(ledger, a: str) -> bool:
+        """Could a new pod have device `a` (a GPU, a VF, or a PF whole)?"""
+        if a in pf_of:
+            return a not in ledger.used_vfs and pf_of[a] not in ledger.used_pfs
+        if a in vfs_of:
+            return a not in ledger.used_pfs and not ledger.vfs_used_on(a)
+        return a not in ledger.used_gpus
+
+    for op, count, uid, picks in sequence:
+        if op == "health":
+            bad = frozenset(devices[i % len(devices)] for i in picks)
+            s.set_unhealthy(node, bad)
+        elif op == "release":
+            s.release(f"u{uid}")
+            held.pop(f"u{uid}", None)
+        elif f"u{uid}" not in held:
+            req = Request(pfs=count % 3 + 1) if op == "bind-pf" else gpu_vf(count % 5)
+            got = s.bind(f"u{uid}", "ml", f"u{uid}", node, req)
+            if isinstance(got, Allocation):
+                held[f"u{uid}"] = got
+                names = {x.pci_address for x in (*got.all_gpus, *got.all_nics)}
+                assert not names & bad, names & bad
+                assert not {pf_of[v.pci_address] for v in got.vfs} & bad
+        assert {p.uid: p.allocation for p in s.pods()} == held
+        down = bad | {v for pf in bad & vfs_of.keys() for v in vfs_of[pf]}
+        assert not [a for a in down if free(s.ledger(node), a)]

@@ -31,6 +31,7 @@ from railyard.records.nodetopology_cr import (
     PLURAL,
     NodeTopologyResourceError,
     spec_from_resource,
+    status_from_json,
 )
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError
 from railyard.scheduler.state import ClusterState
@@ -47,12 +48,22 @@ _NO_SPEC = msgspec.Raw(b"null")
 
 
 class TopologyObject(msgspec.Struct):
-    """A NodeTopology as the extender watches it: metadata and the spec left undecoded. The
-    status is not read at all, so the status churn of 5,000 agents costs a metadata decode
-    each; the spec is decoded only when its `generation` moves."""
+    """A NodeTopology as the extender watches it: metadata, and the spec and status left
+    undecoded. The spec is decoded only when its `generation` moves; the status (small: the
+    agent lists only the devices that are not healthy) on each change, for that list."""
 
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: msgspec.Raw = _NO_SPEC
+    status: msgspec.Raw = _NO_SPEC
+
+
+def unhealthy_of(status: msgspec.Raw) -> frozenset[str]:
+    """The PCI addresses a NodeTopology status lists as not healthy (none without a status).
+    Raises NodeTopologyResourceError or msgspec.DecodeError."""
+    document = msgspec.json.decode(status)
+    if document is None:
+        return frozenset()
+    return frozenset(d.pci_address for d in status_from_json(document, "status").unhealthy)
 
 
 class TopologyShapes:
@@ -133,29 +144,47 @@ class ClusterSync:
         if change.type == "DELETED":
             self._forget_node(name)
             return
-        generation = obj.metadata.generation
+        # The store keeps metadata only (and no buffer).
+        spec, obj.spec = obj.spec, _NO_SPEC
+        status, obj.status = obj.status, _NO_SPEC
+        if self._take_spec(name, obj.metadata.generation, spec):
+            self._take_health(name, status)
+
+    def _take_spec(self, name: str, generation: int, spec: msgspec.Raw) -> bool:
+        """The node's topology, decoded when its spec is new; False: the node is unusable."""
         known = self._spec.get(name)
-        spec, obj.spec = obj.spec, _NO_SPEC  # the store keeps metadata only (and no buffer)
         if known is not None and generation and known[0] == generation:
-            return  # only the status changed
+            return True  # only the status changed
         try:
             key = TopologyShapes.key_of(spec)
             if known is not None and known[1] == key:
                 self._spec[name] = (generation, key)
-                return
+                return True
             topology = self.shapes.take(key, name, spec)
             self.decoded += 1
         except (NodeTopologyResourceError, msgspec.DecodeError) as e:
             log.warning("NodeTopology %s: %s; the node is unknown to Railyard until it is "
                         "fixed", name, e)
             self._forget_node(name)
-            return
+            return False
         self._forget_node(name)
         self._spec[name] = (generation, key)
         self.state.add_node(topology)
         for pod in [p for p in self._held.values() if p.node == name]:
             self._restore(pod)
         self._changed()
+        return True
+
+    def _take_health(self, name: str, status: msgspec.Raw) -> None:
+        """The devices the node's agent reports unhealthy are kept from new pods."""
+        try:
+            bad = unhealthy_of(status)
+        except (NodeTopologyResourceError, msgspec.DecodeError) as e:
+            log.warning("NodeTopology %s: %s; keeping the health it reported before", name, e)
+            return
+        if bad != self.state.unhealthy(name):
+            self.state.set_unhealthy(name, bad)
+            self._changed()
 
     def _forget_node(self, name: str) -> None:
         known = self._spec.pop(name, None)

@@ -21,7 +21,7 @@ from typing import Protocol, cast
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
-from railyard.allocation.types import Allocation, Infeasible, Refusal
+from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Refusal
 from railyard.records.allocation import format_decided_at
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
@@ -118,6 +118,35 @@ class _TrackedLedger(Ledger):
         return alloc
 
 
+# The ledger holder of the devices a node reports unhealthy (not a pod UID: those are UUIDs).
+UNHEALTHY_HOLDER = "railyard.dev/unhealthy"
+
+
+def unhealthy_hold(topology: NodeTopology, ledger: Ledger,
+                   unhealthy: frozenset[str]) -> Allocation | None:
+    """What to keep from new pods because the node reports it unhealthy (PCI addresses):
+    each such device no pod holds. A VF of an unhealthy PF is unhealthy too. An unhealthy PF
+    none of whose VFs a pod holds is held whole, which keeps its VFs with it; one with VFs in
+    use gives up its other VFs one by one. `ledger` holds the pods only; None: nothing."""
+    gpus = tuple(GpuRef.of(g) for g in topology.gpus
+                 if g.pci_address in unhealthy and g.pci_address not in ledger.used_gpus)
+    nics: list[NicRef] = []
+    for nic in topology.nics:
+        pf_down = nic.pci_address in unhealthy
+        if nic.pci_address in ledger.used_pfs:
+            continue  # a pod has it whole, VFs and all
+        if pf_down and not ledger.vfs_used_on(nic.pci_address):
+            nics.append(NicRef.of_pf(nic))
+            continue
+        nics += [NicRef.of_vf(nic, vf) for vf in nic.vfs
+                 if (pf_down or vf.pci_address in unhealthy)
+                 and vf.pci_address not in ledger.used_vfs]
+    if not gpus and not nics:
+        return None
+    return Allocation(node=topology.node, numa_nodes=(), cpus=None, memory_bytes=(),
+                      nics=tuple(nics), gpus=gpus)
+
+
 def now_rfc3339() -> str:
     return format_decided_at(datetime.now(UTC))
 
@@ -144,6 +173,8 @@ class ClusterState:
             self.add_node(t)
         self._pods: dict[str, BoundPod] = {}
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
+        # PCI addresses each node reports unhealthy; held under UNHEALTHY_HOLDER where free.
+        self._unhealthy: dict[str, frozenset[str]] = {}
 
     @classmethod
     def from_cluster_file(cls, path: str | Path,
@@ -178,7 +209,34 @@ class ClusterState:
                 del self._pods[p.uid]
             del self._nodes[name]
             del self._group_of_name[name]
+            self._unhealthy.pop(name, None)
         return gone
+
+    def set_unhealthy(self, name: str, pci_addresses: Iterable[str]) -> bool:
+        """The node reports these devices unhealthy (and every other one healthy): new pods
+        get none of them; pods holding one keep it. False when the node is unknown."""
+        n = self._nodes.get(name)
+        if n is None:
+            return False
+        with n.lock:
+            self._unhealthy[name] = frozenset(pci_addresses)
+            self._hold_unhealthy(n)
+        return True
+
+    def unhealthy(self, name: str) -> frozenset[str]:
+        return self._unhealthy.get(name, frozenset())
+
+    def _hold_unhealthy(self, n: _Node) -> None:
+        """Hold what `unhealthy_hold` says, again: after a health change or a pod's change
+        on the node. Runs under the node's lock."""
+        bad = self._unhealthy.get(n.name, frozenset())
+        if n.ledger is None and not bad:
+            return
+        ledger = self._ledger(n)
+        ledger.remove(UNHEALTHY_HOLDER)
+        hold = unhealthy_hold(n.topology, ledger, bad)
+        if hold is not None:
+            ledger.add(UNHEALTHY_HOLDER, hold)
 
     # ------------------------------------------------------------------ lookups
 
@@ -411,6 +469,8 @@ class ClusterState:
             del self._pods[uid]
             if n.ledger is not None:
                 n.ledger.remove(uid)
+                if n.name in self._unhealthy:
+                    self._hold_unhealthy(n)  # what the pod held may be unhealthy
         return pod
 
     def restore(self, pods: Iterable[BoundPod]) -> None:
@@ -433,7 +493,8 @@ class ClusterState:
                 continue
             ledger = fresh.get(p.node)
             if ledger is None:
-                current = n.ledger.holders() if n.ledger is not None else ()
+                current = [(h, a) for h, a in (n.ledger.holders() if n.ledger is not None else ())
+                           if h != UNHEALTHY_HOLDER]  # held again below, around the pods
                 ledger = fresh[p.node] = self._new_ledger(n, current)
             try:
                 ledger.add(p.uid, p.allocation)
@@ -443,6 +504,7 @@ class ClusterState:
             n = self._nodes[name]
             with n.lock:
                 n.ledger = ledger
+                self._hold_unhealthy(n)
                 self._regroup(n)
         with self._pods_lock:
             for p in pods:
@@ -466,8 +528,12 @@ class ClusterState:
             return None
         gone = set(candidates)
         with n.lock:
-            left = [(h, a) for h, a in self._ledger(n).holders() if h not in gone]
+            left = [(h, a) for h, a in self._ledger(n).holders()
+                    if h not in gone and h != UNHEALTHY_HOLDER]
         ledger = Ledger(n.topology, left)
+        hold = unhealthy_hold(n.topology, ledger, self.unhealthy(node))
+        if hold is not None:  # what the victims free may be unhealthy
+            ledger.add(UNHEALTHY_HOLDER, hold)
         if isinstance(self.allocator.allocate(n.topology, ledger, request), Infeasible):
             return None
         return list(candidates)
