@@ -9,6 +9,7 @@ from `cli`; and no cycle between packages at all.
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -152,3 +153,38 @@ def test_the_import_reader_sees_relative_and_function_level_imports(tmp_path, mo
     assert imports_of(pkg / "__init__.py") >= {"railyard.cni.spec"}
     assert imports_of(pkg / "x.py") >= {"railyard.agent", "railyard.agent.agent",
                                         "railyard.cni.spec", "railyard.cni.spec.Code"}
+
+
+def test_no_module_outside_the_simulator_imports_the_sim_extra():
+    """An agent or extender install has no numpy, scipy or matplotlib (decision 0079): every
+    module but `railyard.sim.*` must import without them."""
+    from railyard.cli.simulate import SIM_EXTRA
+    from support.without import run_without
+
+    modules = sorted(
+        module_name(p) for p in SRC.rglob("*.py")
+        if all((d / "__init__.py").exists() for d in p.parents if d.is_relative_to(SRC))
+        and not module_name(p).startswith("railyard.sim")
+    )
+    assert "railyard.cli.main" in modules and "railyard.scheduler.state" in modules
+    code = ("import importlib, sys\n"
+            "for m in sys.argv[1:]:\n"
+            "    importlib.import_module(m)\n"
+            "print(len(sys.argv) - 1)\n")
+    r = run_without(SIM_EXTRA, code, modules)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(len(modules))
+    # The blocker really blocks: the simulator's report cannot import under it.
+    r = run_without(SIM_EXTRA, "import railyard.sim.report")
+    assert r.returncode == 1 and "ModuleNotFoundError" in r.stderr
+
+
+def test_the_sim_extra_is_what_the_simulator_treats_as_missing():
+    import tomllib
+
+    from railyard.cli.simulate import SIM_EXTRA
+
+    with (SRC.parents[1] / "pyproject.toml").open("rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["sim"]
+    names = {re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower() for spec in extra}
+    assert names == SIM_EXTRA

@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # imported where used: the module loads with every `railyard`
     from railyard.sim.run import SimResult
 
 DEFAULT_CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"
+# The `sim` extra's top-level packages (pyproject.toml): an agent or extender install leaves
+# them out (decision 0079), so their absence is a one-line hint, not a traceback.
+SIM_EXTRA = frozenset({"numpy", "scipy", "matplotlib"})
 
 
 @app.command()
@@ -63,11 +66,19 @@ def simulate(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from railyard.scheduler.cluster_file import ClusterFileError, cluster_from_spec, load_cluster
-    from railyard.sim.arrivals import DemandRule, draw_arrivals
-    from railyard.sim.report import FOOTNOTES, RunInfo, console_rows, headline, write_report
-    from railyard.sim.run import PolicyError, parse_policies
-    from railyard.sim.run import simulate as run_simulation
-    from railyard.sim.trace import TraceError, load_trace
+
+    try:
+        from railyard.sim.arrivals import DemandRule, draw_arrivals
+        from railyard.sim.report import FOOTNOTES, RunInfo, console_rows, headline, write_report
+        from railyard.sim.run import PolicyError, parse_policies
+        from railyard.sim.run import simulate as run_simulation
+        from railyard.sim.trace import TraceError, load_trace
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in SIM_EXTRA:
+            raise
+        fail(f"the simulator needs the sim extra ({missing} is not installed): "
+             "pip install 'railyard[sim]'", code=1)
 
     started = time.perf_counter()
     console = Console(stderr=False)
