@@ -50,6 +50,31 @@ app = _Railyard(
 )
 
 
+def package_version() -> str:
+    """This install's version, as pip recorded it (pyproject.toml's `version`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("railyard")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"railyard {package_version()}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option(
+        "--version", is_eager=True, callback=_print_version,
+        help="Print the installed version and exit.")] = False,
+) -> None:
+    """Options of `railyard` itself, before any command (the app's `help` describes it)."""
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """End a command with a one-line error on stderr instead of a traceback."""
     print(f"railyard: error: {message}", file=sys.stderr)

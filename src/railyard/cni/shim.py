@@ -171,6 +171,14 @@ def _standalone(env: dict, stdin: bytes) -> "tuple[int, bytes, bytes]":
 
 
 def main() -> None:
+    # A runtime runs a CNI plugin with no arguments (the call is in CNI_* variables and
+    # stdin); arguments mean a person at a shell, who gets help instead of a CNI error.
+    if len(sys.argv) > 1:
+        sys.exit(_command_line(sys.argv[1:]))
+    if "CNI_COMMAND" not in os.environ and os.isatty(0):
+        sys.stderr.write(f"{_PROG}: a CNI plugin, run by the container runtime with CNI_COMMAND "
+                         f"set and the network config on stdin (see {_PROG} --help)\n")
+        sys.exit(2)
     stdin = sys.stdin.buffer.read()
     env = dict(os.environ)
     conf = _config(stdin)
@@ -214,6 +222,66 @@ def _version_reply(stdin: bytes) -> bytes:
     versions = ", ".join(f'"{v}"' for v in SUPPORTED_VERSIONS)
     return (f'{{"cniVersion": "{_asked_version(stdin)}", "supportedVersions": [{versions}]}}\n'
             .encode())
+
+
+_PROG = "railyard-cni"
+
+HELP = f"""\
+usage: {_PROG} [--help | --version]
+
+Railyard's CNI plugin (CNI {", ".join(SUPPORTED_VERSIONS)}): moves exactly the RDMA NICs
+(SR-IOV VFs or whole PFs) kubelet gave a pod into the pod's network namespace, named in GPU
+pair order, and runs the configured IPAM plugin for each. A container runtime (containerd,
+CRI-O, Multus) runs it with no arguments; this executable is a thin, stdlib-only shim that
+forwards the call to the Railyard agent's CNI service, or does the work itself when the
+network config says "standalone": true.
+
+The call, as the CNI specification defines it:
+  CNI_COMMAND      ADD, DEL, CHECK, STATUS, GC or VERSION (VERSION is answered here)
+  CNI_CONTAINERID  the container's ID
+  CNI_NETNS        the pod's network namespace (a path)
+  CNI_IFNAME       name of the first pair's interface; pair i gets <name>-<i>
+  CNI_ARGS         K8S_POD_UID, or K8S_POD_NAMESPACE and K8S_POD_NAME: whose NICs to move
+  CNI_PATH         where the IPAM plugins named by the config's "ipam" are found
+  stdin            the network config (JSON); "agentSocket" names the service's socket
+                   (default {DEFAULT_SOCKET})
+
+Standalone mode also reads RAILYARD_CNI_STATE_DIR (default /var/lib/railyard),
+RAILYARD_CNI_NODE_NAME, RAILYARD_CNI_SYSFS_ROOT, RAILYARD_CNI_HOST_NETNS,
+RAILYARD_CNI_DEVINFO_DIR and RAILYARD_CNI_POD_RESOURCES.
+
+Result or error JSON on stdout; exit 0 on success, 1 on a CNI error (its code in the JSON).
+Install: railyard cni install --bin-dir /opt/cni/bin. Docs: docs/cni.md in the Railyard
+source (network config keys, error codes, agent and standalone modes).
+"""
+
+
+def _command_line(args: "list[str]") -> int:  # quoted: the shim runs on python3 >= 3.8
+    if args in (["--help"], ["-h"]):
+        sys.stdout.write(HELP)
+        return 0
+    if args == ["--version"]:
+        sys.stdout.write(f"{_PROG} {_package_version()} "
+                         f"(CNI {', '.join(SUPPORTED_VERSIONS)})\n")
+        return 0
+    sys.stderr.write(f"{_PROG}: error: unexpected arguments {' '.join(args)!r}: a runtime "
+                     f"calls this plugin with none (see {_PROG} --help)\n")
+    return 2
+
+
+def _package_version() -> str:
+    """Railyard's version as pip recorded it; the installed copy runs with -S (no
+    site-packages), so load them first, as standalone mode does."""
+    if "site" not in sys.modules:
+        import site
+
+        site.main()
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("railyard")
+    except PackageNotFoundError:  # agent mode's host python3 need not have railyard
+        return f"(version unknown: railyard is not installed for {sys.executable})"
 
 
 if __name__ == "__main__":
