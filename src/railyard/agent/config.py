@@ -65,18 +65,22 @@ def _hex_ids(f: Fields, key: str) -> frozenset[str]:
     return frozenset(out)
 
 
+# `N` or `N-M` in ASCII digits (int() would take " 3\n", "1_0" and "３"); a PF has at most
+# 65,535 VFs (sriov_totalvfs is 16 bits), so five digits.
+_VF_RANGE = re.compile(r"([0-9]{1,5})(?:-([0-9]{1,5}))?", re.ASCII)
+
+
 def _pf_name(text: str, where: str) -> PfName:
     name, sep, rng = text.partition("#")
     if not name:
         raise ConfigError(where, "empty PF name")
     if not sep:
         return PfName(name)
-    lo, dash, hi = rng.partition("-")
-    try:
-        first = int(lo)
-        last = int(hi) if dash else first
-    except ValueError:
-        raise ConfigError(where, f"VF range must be N or N-M, got {rng!r}") from None
+    m = _VF_RANGE.fullmatch(rng)
+    if m is None:
+        raise ConfigError(where, f"VF range must be N or N-M, got {rng!r}")
+    first = int(m.group(1))
+    last = int(m.group(2)) if m.group(2) is not None else first
     if first < 0 or last < first:
         raise ConfigError(where, f"VF range {rng!r} is empty or negative")
     return PfName(name, first, last)
@@ -109,8 +113,9 @@ def _seconds(f: Fields, key: str, default: float) -> float:
     return float(v)
 
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# Both used with fullmatch: `$` would also pass a trailing newline, which kubelet refuses.
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
+_NAME = re.compile(r"(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def extended_resource_problem(name: Any) -> str | None:
@@ -128,9 +133,9 @@ def extended_resource_problem(name: Any) -> str | None:
     prefix, _, short = name.partition("/")
     quota_prefix = "requests." + prefix  # kubelet validates the quota form
     if not prefix or len(quota_prefix) > 253 or not all(
-            _DNS_LABEL.match(label) for label in prefix.split(".")):
+            _DNS_LABEL.fullmatch(label) for label in prefix.split(".")):
         return "the part before '/' must be a lower-case DNS subdomain"
-    if not _NAME.match(short) or len(short) > 63:
+    if not _NAME.fullmatch(short) or len(short) > 63:
         return ("the part after '/' must be at most 63 letters, digits, '-', '_' or '.', "
                 "starting and ending with a letter or digit")
     return None

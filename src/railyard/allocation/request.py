@@ -77,7 +77,9 @@ _SUFFIX: dict[str, int | Fraction] = {
     "P": 10**15, "E": 10**18, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40,
     "Pi": 1 << 50, "Ei": 1 << 60,
 }
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(?:[eE]([+-]?\d+))?([a-zA-Z]{0,2})$")
+# Full-matched, ASCII digits only (\d and Fraction() would also take "３" and "٣").
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?:[eE]([+-]?[0-9]+))?([a-zA-Z]{0,2})",
+                       re.ASCII)
 # Kubernetes keeps quantities in int64 (milli-units for CPU); anything larger is a typo or an
 # attack. Bounding the text and the exponent first matters: Fraction("1e99999999") builds
 # 10**99999999 and takes minutes, and a 5,000-digit number cannot even be converted.
@@ -92,8 +94,10 @@ def parse_quantity(text: Any, field: str) -> Fraction:
         raise RequestError(field, f"expected a quantity string, got {type(text).__name__}")
     if isinstance(text, int) and not -_MAX_QUANTITY <= text <= _MAX_QUANTITY:
         raise RequestError(field, "too large for a Kubernetes quantity")
-    s = str(text).strip()
-    m = _QUANTITY.match(s) if len(s) <= _MAX_QUANTITY_CHARS else None
+    # The API server trims white space around a quantity (Quantity.UnmarshalJSON); ASCII's
+    # only here, so "2\x00" or "2\u2028" is refused rather than read as 2.
+    s = str(text).strip(" \t\n\r\v\f")
+    m = _QUANTITY.fullmatch(s) if len(s) <= _MAX_QUANTITY_CHARS else None
     if not m or m.group(3) not in _SUFFIX:
         raise RequestError(field, f"not a Kubernetes quantity: {_short(text)}")
     exponent = int(m.group(2) or 0)

@@ -15,7 +15,7 @@ from railyard.topology.model import PCI_ADDRESS_RE
 
 
 def _function_dir(sysfs_root: str, pci: str) -> str:
-    if not PCI_ADDRESS_RE.match(pci):  # never let a recorded value walk the file system
+    if not PCI_ADDRESS_RE.fullmatch(pci):  # never let a recorded value walk the file system
         raise CniError(Code.IO, f"node state store: {pci!r} is not a PCI address")
     return os.path.join(sysfs_root, "sys", "bus", "pci", "devices", pci)
 

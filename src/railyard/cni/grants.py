@@ -22,7 +22,7 @@ from typing import Protocol
 from railyard.allocation.types import NicRef
 from railyard.cni.spec import CniError, Code, PodArgs
 from railyard.node.paths import POD_RESOURCES_SOCKET
-from railyard.node.state import PodRecord, StateError, StateStore
+from railyard.node.state import PodRecord, StateError, StateStore, is_pod_uid
 
 NODE_NAME_ENV = "RAILYARD_CNI_NODE_NAME"
 
@@ -85,6 +85,9 @@ class StoreGrants:
         self.pods = pods
 
     def grant(self, pod: PodArgs) -> Grant | None:
+        if pod.uid and not is_pod_uid(pod.uid):  # the runtime's argument, not our state
+            raise CniError(Code.INVALID_ENV, f"CNI_ARGS: K8S_POD_UID {pod.uid[:80]!r} is not a "
+                                             "pod UID")
         try:
             if pod.uid:
                 rec = self.store.get(pod.uid)

@@ -64,7 +64,7 @@ class CniError(Exception):
 def version_key(v: str) -> tuple[int, ...]:
     """Order semantic versions ("0.4.0" < "1.0.0"); ValueError on anything else."""
     parts = v.split(".")
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+    if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
         raise ValueError(f"not a version: {v!r}")
     return tuple(int(p) for p in parts)
 
@@ -86,19 +86,34 @@ def newest_common(ours_max: str, theirs: list[str] | tuple[str, ...],
 
 # ----------------------------------------------------------------------- environment
 
-_IFNAME_BAD = re.compile(r"[/:\s%]")
-_CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+# Characters no interface name may hold: the kernel's (dev_valid_name: '/', ':', white space)
+# and ours ('%', which iproute2 reads as a format; NUL and other control characters).
+_IFNAME_BAD = re.compile(r"[/:\s%\x00-\x1f\x7f]")
+# Every pattern below is used with fullmatch: `$` would also pass a trailing newline.
+_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
 
 def check_ifname(name: str, what: str = "CNI_IFNAME") -> str:
-    """Linux interface name rules (dev_valid_name): 1–15 bytes, no '/', ':' or space."""
+    """Linux interface name rules (dev_valid_name): 1–15 bytes, no '/', ':' or space; and
+    valid UTF-8 without control characters."""
     if not name:
         raise CniError(Code.INVALID_ENV, f"{what} is empty")
+    if not _is_utf8(name):
+        raise CniError(Code.INVALID_ENV, f"{what} {name!r} is not valid UTF-8")
     if len(name.encode()) > 15:
         raise CniError(Code.INVALID_ENV, f"{what} {name!r} is longer than 15 bytes")
     if name in (".", "..") or _IFNAME_BAD.search(name):
         raise CniError(Code.INVALID_ENV, f"{what} {name!r} is not a valid interface name")
     return name
+
+
+def _is_utf8(text: str) -> bool:
+    """False for a string holding the shim's surrogate escapes of bytes that are not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def pair_ifnames(ifname: str, count: int) -> tuple[str, ...]:
@@ -198,7 +213,7 @@ def parse_env(env: Mapping[str, str]) -> Call:
     if command in ("ADD", "DEL", "CHECK"):
         if not container_id:
             raise CniError(Code.INVALID_ENV, "CNI_CONTAINERID is required")
-        if not _CONTAINER_ID.match(container_id):
+        if not _CONTAINER_ID.fullmatch(container_id):
             raise CniError(Code.INVALID_ENV,
                            f"CNI_CONTAINERID {container_id!r} has characters other than "
                            "letters, digits, '_', '.' and '-'")
@@ -221,9 +236,9 @@ def parse_env(env: Mapping[str, str]) -> Call:
 
 # ----------------------------------------------------------------------- network config
 
-_NET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_PLUGIN_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-_MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+_NET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,7 +295,7 @@ def _mac(f: Fields, key: str) -> str | None:
     v = f.string_or_null(key)
     if v is None:
         return None
-    if not _MAC.match(v):
+    if not _MAC.fullmatch(v):
         f.fail(key, f"expected a MAC address like 02:00:00:00:00:01, got {v!r}")
     if int(v[:2], 16) & 1:
         f.fail(key, f"{v} is a multicast address")
@@ -294,7 +309,7 @@ def _ipam(f: Fields, key: str) -> Mapping[str, Any] | None:
     if not ipam.d:
         return None  # `"ipam": {}` means no IPAM, as in the reference plugins
     t = ipam.get("type")
-    if not isinstance(t, str) or not _PLUGIN_TYPE.match(t):
+    if not isinstance(t, str) or not _PLUGIN_TYPE.fullmatch(t):
         ipam.fail("type", f"expected a plugin name (letters, digits, '_', '.', '-'), got {t!r}")
     return ipam.d
 
@@ -336,9 +351,11 @@ def parse_netconf(data: Mapping[str, Any]) -> NetConf:
 def _netconf(version: str, data: Mapping[str, Any]) -> NetConf:
     f = Fields(data, "", NetConfError)
     name = f.get("name")
-    if not isinstance(name, str) or not _NET_NAME.match(name):
+    if not isinstance(name, str) or not _NET_NAME.fullmatch(name):
         f.fail("name", f"expected a network name (letters, digits, '_', '.', '-'), got {name!r}")
     ptype = f.string("type", nonempty=True, what="the plugin's name")
+    if not _PLUGIN_TYPE.fullmatch(ptype):
+        f.fail("type", f"expected a plugin name (letters, digits, '_', '.', '-'), got {ptype!r}")
     ipam = _ipam(f, "ipam")
     # `or {}` / `or []`: a false value (null, {}, "") is as good as none, as it always was.
     runtime = (f.object("runtimeConfig") if f.get("runtimeConfig")

@@ -49,10 +49,15 @@ _NETWORK_CLASS = 0x02
 # PCI-to-PCI bridge (0x0604) and semi-transparent PCI-to-PCI bridge (0x0609).
 _BRIDGE_SUBCLASSES = frozenset({0x0604, 0x0609})
 # Switchdev representors share their PF's `net/` folder; the uplink is the one to report.
-_REPRESENTOR_RE = re.compile(r"^(c\d+)?pf\d+(vf\d+|sf\d+)?$")
+_REPRESENTOR_RE = re.compile(r"(?:c[0-9]+)?pf[0-9]+(?:vf[0-9]+|sf[0-9]+)?", re.ASCII)
 # Decimal numbers in entry names (node<N>, virtfn<N>, ports/<N>, uverbs<N>): ASCII only, as
 # the kernel writes them; str.isdigit() would also pass "²", which int() refuses.
 _DECIMAL_RE = re.compile(r"[0-9]+", re.ASCII)
+
+
+def is_representor(phys_port_name: str) -> bool:
+    """A switchdev representor's port name (`pf0vf3`, `c1pf0sf2`); an uplink's is `p0`."""
+    return _REPRESENTOR_RE.fullmatch(phys_port_name) is not None
 
 
 def _number_after(prefix: str, name: str) -> int | None:
@@ -203,7 +208,7 @@ class _Reader:
         found: list[_Function] = []
         for name in names:
             link = f"{bus_dir}/{name}"
-            if not BDF_RE.match(name):
+            if not BDF_RE.fullmatch(name):
                 fs.warn(link, "not a PCI address; skipped")
                 continue
             try:
@@ -447,7 +452,7 @@ class _Reader:
             return netdevs[0] if netdevs else None
         uplinks = [
             n for n in netdevs
-            if not _REPRESENTOR_RE.match(
+            if not is_representor(
                 self.fs.read(f"{folder}/net/{n}/phys_port_name", optional=True) or "")
         ]
         return (uplinks or netdevs)[0]

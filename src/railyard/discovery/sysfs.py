@@ -18,7 +18,7 @@ from railyard.topology.model import PCI_ADDRESS_RE
 # A PCI function folder name: domain (4+ hex digits; VMD domains use 5), bus, device.function.
 BDF_RE = PCI_ADDRESS_RE
 # A root complex folder under sys/devices: pci<domain>:<bus>.
-ROOT_COMPLEX_RE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+ROOT_COMPLEX_RE = re.compile(r"pci[0-9a-f]{4,8}:[0-9a-f]{2}", re.ASCII)  # fullmatch
 
 
 class SysfsError(Exception):
@@ -212,9 +212,9 @@ def parent_pcie_parts(devices_dir: str, parent_dir: str) -> tuple[str, list[str]
     root: str | None = None
     functions: list[str] = []
     for part in parent_dir[len(devices_dir) + 1:].split(os.sep):
-        if ROOT_COMPLEX_RE.match(part):
+        if ROOT_COMPLEX_RE.fullmatch(part):
             root, functions = part, []
-        elif BDF_RE.match(part):
+        elif BDF_RE.fullmatch(part):
             functions.append(part)
     if root is None:
         return None

@@ -59,9 +59,15 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 # Kubernetes UIDs are UUIDs; allow any name that is a safe single path component.
-_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")  # fullmatch: `$` passes a final "\n"
 
-__all__ = ["Consumed", "PodKey", "PodRecord", "StateError", "StateStore"]
+
+def is_pod_uid(uid: object) -> bool:
+    """A UID usable as a record's file name (Kubernetes UIDs are UUIDs; tests use others)."""
+    return isinstance(uid, str) and _UID.fullmatch(uid) is not None
+
+
+__all__ = ["Consumed", "PodKey", "PodRecord", "StateError", "StateStore", "is_pod_uid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +250,7 @@ class StateStore:
     # ------------------------------------------------------------------ files
 
     def _path(self, uid: str) -> Path:
-        if not isinstance(uid, str) or not _UID.match(uid):
+        if not is_pod_uid(uid):
             raise StateError("uid", f"not a usable pod UID: {uid!r}")
         return self.pods_dir / f"{uid}.json"
 

@@ -57,7 +57,7 @@ _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a strin
           list: "a list", dict: "an object"}
 
 PCI_ADDRESS_FORM = "a PCI address (dddd:bb:dd.f, domain of 4 to 8 hex digits)"
-_pci_match = PCI_ADDRESS_RE.match
+_pci_match = PCI_ADDRESS_RE.fullmatch
 
 
 class Fields:
@@ -179,8 +179,11 @@ class Fields:
         return v
 
     def cpulist(self, key: str) -> str:
-        """A kernel cpulist ("0-3,8"), ids up to MAX_CPU, checked before any range expands."""
+        """A kernel cpulist ("0-3,8"), ids up to MAX_CPU, checked before any range expands;
+        no white space (the kernel's final newline included: a record holds the list itself)."""
         v = self.string(key)
+        if v.endswith("\n"):
+            self.fail(key, f"bad CPU list {v[:40]!r}: ends in a newline")
         try:
             parse_cpulist(v)
         except ValueError as e:

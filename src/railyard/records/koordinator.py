@@ -25,12 +25,12 @@ RDMA = "koordinator.sh/rdma"
 WHOLE_DEVICE = "100"
 ONE_VF = "1"
 
-_MLX5 = re.compile(r"^mlx5_(\d+)$")
+_MLX5 = re.compile(r"mlx5_([0-9]{1,9})", re.ASCII)  # fullmatch; ASCII digits, int() cannot fail
 
 
 def rdma_minor(rdma_device: str | None) -> int:
     """N of `mlx5_N`, else -1 (Koordinator skips other vendors' numbering)."""
-    m = _MLX5.match(rdma_device or "")
+    m = _MLX5.fullmatch(rdma_device or "")
     return int(m.group(1)) if m else -1
 
 

@@ -95,7 +95,7 @@ def _int(row: dict[str, str], column: str, where: str, *, lo: int = 0,
 
     Stricter than `int()`, which also takes "1_0" (as 10) and non-ASCII digits, and which
     refuses more than 4,300 digits with an error of its own."""
-    raw = (row.get(column) or "").strip()
+    raw = (row.get(column) or "").strip(" \t\r\n\v\f")  # a CSV cell's padding, ASCII only
     value: int | None
     if _WHOLE.fullmatch(raw):
         value = int(raw) if len(raw.lstrip("+-").lstrip("0")) <= 19 else None

@@ -13,17 +13,17 @@ _ELEMENT = re.compile(r"([0-9]+)(?:-([0-9]+))?", re.ASCII)
 
 
 def parse_cpulist(text: str) -> list[int]:
-    """Parse a kernel cpulist; an empty string is the empty list.
+    """Parse a kernel cpulist, as the kernel writes it (one final newline allowed, no other
+    white space); an empty string is the empty list.
 
     Raises ValueError naming the bad element, so callers can say which file or field held it;
     ids beyond MAX_CPU are refused before any range is expanded.
     """
     cpus: list[int] = []
-    text = text.strip()
+    text = text.removesuffix("\n")  # the kernel ends its files with one; nothing else is taken
     if not text:
         return cpus
     for part in text.split(","):
-        part = part.strip()
         m = _ELEMENT.fullmatch(part)
         if m is None:
             raise ValueError(f"bad CPU list element {part[:40]!r} in {text[:40]!r}")

@@ -17,12 +17,12 @@ from railyard.topology.cpus import parse_cpulist
 # \Z, not $, which would also pass a trailing newline.
 PCI_ADDRESS_RE = re.compile(r"\A[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z", re.ASCII)
 # vfio-pci and its vendor variants (mlx5_vfio_pci, hisi_acc_vfio_pci, pds_vfio_pci, …).
-_VFIO_DRIVER_RE = re.compile(r"^(.+_)?vfio[-_]pci$", re.ASCII)
+_VFIO_DRIVER_RE = re.compile(r"(?:[a-z0-9_]+_)?vfio[-_]pci", re.ASCII)  # fullmatch
 
 
 def is_vfio_driver(driver: str | None) -> bool:
     """A VFIO driver hands the whole function to a VM or user space: no netdev, no RDMA."""
-    return driver is not None and _VFIO_DRIVER_RE.match(driver) is not None
+    return driver is not None and _VFIO_DRIVER_RE.fullmatch(driver) is not None
 
 
 class Distance(IntEnum):
