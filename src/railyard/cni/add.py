@@ -45,6 +45,11 @@ def add(node: NodeContext, call: Call, conf: NetConf) -> dict:
     except NetnsError as e:
         raise CniError(Code.UNKNOWN_CONTAINER, f"CNI_NETNS: {e.strerror}") from None
     with pod_ns:
+        if pod_ns.identity() in node.own_namespaces:
+            # Moving "into" the host would rename its devices in place (issue 19, class 3).
+            raise CniError(Code.INVALID_ENV,
+                           f"CNI_NETNS {call.netns} is the host's own network namespace (the "
+                           "CNI service's), not a pod's", "nothing was moved")
         grant = node.grants.grant(call.args)
         if grant is None or not grant.nics:
             # Not a pod with Railyard NICs: pass the chain's result through untouched.

@@ -44,6 +44,11 @@ class NodeContext:
         self.rdma_mode = rdma.mode()
         self.host = (Netns.open(self.settings.host_netns) if self.settings.host_netns
                      else Netns.current())
+        # Namespaces no ADD may target: the host's (where granted devices live) and the
+        # service's own, known by identity so that no path spelling (/run/netns/…, a bind
+        # mount, /proc/<pid>/ns/net, /proc/self/ns/net) names them past the check.
+        with Netns.current() as own:
+            self.own_namespaces = frozenset({self.host.identity(), own.identity()})
         # IPAM calls run here, concurrently with each other and with the devices' moves.
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="railyard-ipam")
 
