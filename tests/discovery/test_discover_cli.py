@@ -23,17 +23,6 @@ def test_profile_json_is_the_topology_document() -> None:
     assert topology_from_json(json.loads(result.stdout)) == build_topology(GENERIC, 3)
 
 
-def test_profile_matrix_shows_pix_with_own_nic_and_numa_and_cpu_columns() -> None:
-    result = runner.invoke(app, ["discover", "--profile", "dgx-h100", "--format", "matrix"])
-    assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
-    header = next(line for line in lines if line.strip().startswith("NIC0"))
-    assert header.split()[-3:] == ["NUMA", "CPU", "Affinity"]
-    gpu0 = next(line for line in lines if line.startswith("GPU0 "))
-    assert gpu0.split()[1] == "PIX" and gpu0.split()[-2:] == ["0", "0-55,112-167"]
-    assert "NIC0: mlx5_0  0000:18:00.0  ibp24s0" in result.stdout
-
-
 def test_fixture_then_discover_sysfs_root_round_trips(tree_dir: Path) -> None:
     out = tree_dir / "tree"
     made = runner.invoke(app, ["fixture", "--profile", "dgx-h100", "--vfs-per-pf", "2",
@@ -82,15 +71,4 @@ def test_fixture_refuses_a_folder_that_is_not_empty(tree_dir: Path) -> None:
 def test_discover_on_this_machine_does_not_fail() -> None:
     result = runner.invoke(app, ["discover", "--format", "matrix"])
     assert result.exit_code == 0, result.output
-    assert result.stdout.startswith("Node ")
-
-
-def test_matrix_says_n_a_for_a_gpu_without_numa_node() -> None:
-    from dataclasses import replace
-
-    from railyard.cli.discover import format_matrix
-
-    t = build_topology(GENERIC, 0)
-    t = replace(t, gpus=(replace(t.gpus[0], numa_node=None), t.gpus[1]))
-    gpu0 = next(line for line in format_matrix(t).splitlines() if line.startswith("GPU0 "))
-    assert gpu0.split() == ["GPU0", "PIX", "NODE", "N/A", "N/A"]
+    assert any(line.startswith("Node ") for line in result.stdout.splitlines())

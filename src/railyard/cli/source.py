@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING
 from railyard.cli.app import fail
 
 if TYPE_CHECKING:
-    from railyard.topology.model import NodeTopology
+    from railyard.topology.model import NodeTopology, PciePath
+
+    # Each GPU's and PF's PCIe path and the NUMA node its distances are measured with.
+    Paths = dict[str, tuple[PciePath, int | None]]
 
 
 def node_topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int | None, *,
@@ -24,6 +27,15 @@ def node_topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int 
     With `default_root`, giving neither option discovers that root; without it, exactly one
     option is required.
     """
+    return node_topology_and_paths(sysfs_root, profile, vfs_per_pf, node=node,
+                                   default_root=default_root)[0]
+
+
+def node_topology_and_paths(
+    sysfs_root: Path | None, profile: str | None, vfs_per_pf: int | None, *,
+    node: str | None = None, default_root: Path | None = None,
+) -> tuple[NodeTopology, Paths]:
+    """`node_topology`, with the PCIe paths its distances were measured from."""
     if sysfs_root is not None and profile is not None:
         fail("--sysfs-root and --profile exclude each other")
     if sysfs_root is None and profile is None:
@@ -33,7 +45,7 @@ def node_topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int 
     if vfs_per_pf is not None and profile is None:
         fail("--vfs-per-pf: applies to --profile only (a sysfs tree says how many VFs it has)")
     if profile is not None:
-        from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, build_topology
+        from railyard.discovery.profiles import DEFAULT_VFS_PER_PF, build_topology, device_paths
         from railyard.discovery.profiles import profile as find_profile
 
         try:
@@ -41,10 +53,11 @@ def node_topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int 
         except ValueError as exc:
             fail(f"--profile: {exc}")
         try:
-            return build_topology(spec, DEFAULT_VFS_PER_PF if vfs_per_pf is None else vfs_per_pf,
-                                  node=node)
+            built = build_topology(spec, DEFAULT_VFS_PER_PF if vfs_per_pf is None else vfs_per_pf,
+                                   node=node)
         except ValueError as exc:
             fail(f"--vfs-per-pf: {exc}")
+        return built, device_paths(spec)
 
     from railyard.discovery.discover import discover
     from railyard.discovery.sysfs import SysfsError
@@ -56,4 +69,4 @@ def node_topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int 
         fail(f"--sysfs-root: cannot discover: {exc}")
     for warning in found.warnings:
         print(f"railyard: warning: {warning}", file=sys.stderr)
-    return replace(found.topology, node=node) if node else found.topology
+    return (replace(found.topology, node=node) if node else found.topology), found.paths

@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from railyard.discovery.sysfs import (
@@ -73,6 +73,10 @@ class Discovery:
 
     topology: NodeTopology
     warnings: tuple[SysfsWarning, ...] = ()
+    # Each GPU's and PF's PCIe path and the NUMA node its distances were measured with: the
+    # topology keeps only GPU × NIC classes; `discover --format matrix` relates GPU to GPU
+    # and NIC to NIC from these, by the same rule.
+    paths: dict[str, tuple[PciePath, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +124,9 @@ class _Reader:
             _with_default_route(nic, self._pf_netdevs.get(nic.pci_address, []), routed)
             for nic, _, _ in nic_rows
         )
-        distance = distances_for(
-            {g.pci_address: (path, place) for g, path, place in gpu_rows},
-            {n.pci_address: (path, place) for n, path, place in nic_rows},
-        )
+        gpu_paths = {g.pci_address: (path, place) for g, path, place in gpu_rows}
+        nic_paths = {n.pci_address: (path, place) for n, path, place in nic_rows}
+        distance = distances_for(gpu_paths, nic_paths)
         topology = NodeTopology(
             node=self._hostname(),
             numa_nodes=numa_nodes,
@@ -131,7 +134,7 @@ class _Reader:
             nics=nics,
             distance=distance,
         )
-        return Discovery(topology, tuple(fs.warnings))
+        return Discovery(topology, tuple(fs.warnings), {**gpu_paths, **nic_paths})
 
     # ----------------------------------------------------------------- NUMA and host facts
 

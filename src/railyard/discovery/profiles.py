@@ -284,6 +284,14 @@ def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
     return NodeTopology(node or spec.hostname, numa, gpus, tuple(nics), distance)
 
 
+def device_paths(spec: ProfileSpec) -> dict[str, tuple[PciePath, int | None]]:
+    """Each GPU's and RDMA PF's PCIe path and NUMA node: what `build_topology` measures its
+    distances from, and what discovery reports for the profile's fake tree
+    (`Discovery.paths`)."""
+    return {f.address: (f.path, f.numa) for f in layout(spec).functions
+            if isinstance(f.spec, GpuSpec) or f.spec.rdma_device}
+
+
 # --------------------------------------------------------------------------- profiles
 
 
