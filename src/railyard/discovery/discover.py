@@ -76,7 +76,7 @@ class Discovery:
     # Each GPU's and PF's PCIe path and the NUMA node its distances were measured with: the
     # topology keeps only GPU × NIC classes; `discover --format matrix` relates GPU to GPU
     # and NIC to NIC from these, by the same rule.
-    paths: dict[str, tuple[PciePath, int | None]] = field(default_factory=dict)
+    paths: dict[str, tuple[PciePath, int | None]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
