@@ -16,6 +16,7 @@ from railyard.agent.config import AgentConfig
 from railyard.allocation.types import GpuRef, NicRef, Pair
 from railyard.kubelet.resolver import ids_of
 from railyard.node.attachments import AttachmentRecord, AttachmentStore
+from railyard.records.allocation import encode_allocation
 from support.agent import GPU, PF, VF, allocation, async_test, pod, rig, topology, write_pods
 
 TOPO = topology()
@@ -264,6 +265,31 @@ async def test_a_record_naming_a_vf_as_a_whole_pf_is_not_followed(tmp_path, gene
         assert r.agent.store.get("uid-k").consumed_ids(PF) == (PF1,)
         assert any(f"nics[0]: {VFS1[0]} is a VF of PF {PF1}" in m for m in caplog.messages)
         await pf.close()
+
+
+@async_test
+async def test_a_record_whose_cpus_repeat_one_range_is_refused_within_kubelets_deadline(
+        tmp_path, generic_tree, caplog):
+    """Issue 19, class 1: a few KB of `cpus` ("0-65535" over and over) took the agent to
+    1.3 GB and past kubelet's 5 s deadline for Allocate, every range expanded before any was
+    de-duplicated. 232 KB of it now is refused at its second range: the node decides."""
+    alloc = allocation(TOPO, [(0, VFS0[0])])
+    hostile = json.loads(encode_allocation(alloc))
+    hostile["cpus"] = ",".join(["0-65535"] * 29_000)
+    annotation = json.dumps(hostile)
+    assert len(annotation) > 230_000
+    async with rig(tmp_path, generic_tree, [pod("uid-cpus", {"main": {GPU: 1, VF: 1}},
+                                               annotation=annotation)]) as r:
+        vf = r.kubelet.client(VF)
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING):
+            resp = await vf.allocate([VFS0[2]])
+        assert time.monotonic() - started < 2.0
+        assert resp.envs["PCIDEVICE_RAILYARD_DEV_VF"] == VFS0[2]
+        assert r.agent.store.get("uid-cpus").allocation.decided_by == "node"
+        assert any("allocation.cpus: bad CPU list '0-65535,0-65535" in m
+                   and "does not come after CPU 65535" in m for m in caplog.messages)
+        await vf.close()
 
 
 @async_test

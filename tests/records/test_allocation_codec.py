@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -11,6 +14,7 @@ from hypothesis import strategies as st
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.discovery.profiles import PROFILES, build_topology
 from railyard.records.allocation import (
+    MAX_RECORD_BYTES,
     RecordError,
     allocation_to_json,
     decode_allocation,
@@ -190,3 +194,57 @@ def test_decided_at_is_utc_to_the_second_whatever_the_zone():
 
     moment = datetime(2026, 12, 2, 11, 0, 0, 750000, tzinfo=timezone(timedelta(hours=1)))
     assert format_decided_at(moment) == "2026-12-02T10:00:00Z"
+
+
+def _measured(call):
+    """(what `call()` raised, the seconds it took, the peak bytes it allocated): timed on a
+    run of its own, since tracing allocations slows Python several times over."""
+    started = time.perf_counter()
+    try:
+        call()
+    except Exception as e:  # the caller checks which
+        raised = e
+    else:
+        raised = None
+    elapsed = time.perf_counter() - started
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(Exception):
+            call()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return raised, elapsed, peak
+
+
+@pytest.mark.parametrize("repeats", [500, 29_000], ids=["4-KB", "232-KB"])
+def test_a_cpulist_repeating_its_ranges_is_refused_fast_without_expanding_them(repeats):
+    # Issue 19, class 1: 4 KB of "0-65535," took the agent to 1.3 GB and 4 s (past kubelet's
+    # 5 s deadline for Allocate) because every range was expanded before de-duplication.
+    doc = allocation_to_json(Allocation("n", (0,), None, ()))
+    doc["cpus"] = ",".join(["0-65535"] * repeats)
+    text = json.dumps(doc)
+    raised, elapsed, peak = _measured(lambda: decode_allocation(text))
+    assert isinstance(raised, RecordError)
+    assert str(raised).startswith("allocation.cpus: bad CPU list '0-65535,0-65535"), raised
+    assert "0-65535 does not come after CPU 65535" in str(raised)
+    assert elapsed < 0.5 and peak < 32 << 20, (elapsed, peak)
+
+
+def test_cpus_out_of_order_or_repeated_are_refused_naming_the_element():
+    doc = allocation_to_json(Allocation("n", (0,), None, ()))
+    for cpus, element in (("4-7,0-3", "0-3"), ("0-3,3", "3"), ("0-3,2-9", "2-9")):
+        doc["cpus"] = cpus
+        with pytest.raises(RecordError, match=f"{element} does not come after CPU"):
+            decode_allocation(json.dumps(doc))
+    doc["cpus"] = "0-3,4-7,9"  # the kernel's own form (adjacent ranges unmerged) is fine
+    assert decode_allocation(json.dumps(doc)).cpus == "0-3,4-7,9"
+
+
+def test_an_annotation_larger_than_kubernetes_allows_is_refused_before_it_is_parsed():
+    doc = allocation_to_json(Allocation("n", (0,), None, ()))
+    doc["node"] = "n" * MAX_RECORD_BYTES
+    raised, elapsed, peak = _measured(lambda: decode_allocation(json.dumps(doc)))
+    assert isinstance(raised, RecordError)
+    assert f"larger than the {MAX_RECORD_BYTES} bytes" in str(raised)
+    assert elapsed < 0.1 and peak < 1 << 20, (elapsed, peak)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
+import tracemalloc
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from railyard.topology.cpus import MAX_CPU, format_cpulist, parse_cpulist
+from railyard.topology.cpus import MAX_CPU, cpu_ranges, format_cpulist, parse_cpulist
 
 cpu_sets = st.sets(st.integers(min_value=0, max_value=1023), max_size=300)
 
@@ -47,3 +50,26 @@ def test_the_largest_cpu_id_is_max_cpu() -> None:
     assert parse_cpulist(f"{MAX_CPU}") == [MAX_CPU]
     with pytest.raises(ValueError, match=f"CPU ids end at {MAX_CPU}"):
         parse_cpulist(f"0-{MAX_CPU + 1}")
+
+
+def test_repeated_ranges_cost_what_the_cpus_cost_not_what_the_text_says() -> None:
+    # Issue 19, class 1: 4 KB of "0-65535," (an Allocation record's `cpus`) expanded every
+    # range before de-duplicating: 33 million ids, 1.3 GB and 4 s in the agent. Ranges are
+    # merged first, so the ids listed are at most MAX_CPU + 1, whatever the text repeats.
+    text = ",".join([f"0-{MAX_CPU}"] * 100)
+    tracemalloc.start()
+    try:
+        started = time.perf_counter()
+        cpus = parse_cpulist(text)
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cpus == list(range(MAX_CPU + 1))
+    assert peak < 16 << 20, f"peak {peak >> 20} MiB"
+    assert elapsed < 2.0, f"{elapsed:.2f} s"
+
+
+def test_overlapping_and_unordered_ranges_mean_their_union() -> None:
+    assert parse_cpulist("8-11,0-3,2-9,3") == list(range(12))
+    assert cpu_ranges("8-11,0-3,2-9,3") == [(8, 11), (0, 3), (2, 9), (3, 3)]

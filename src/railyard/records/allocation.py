@@ -17,6 +17,10 @@ from railyard.records.fields import FieldError, Fields, kind_of
 from railyard.topology.model import Distance
 
 VERSION = 1
+# Kubernetes refuses a pod whose annotations together exceed 256 KiB
+# (TotalAnnotationSizeLimitB); a record larger than that never came from the API server, and
+# refusing it before parsing bounds what one costs every reader.
+MAX_RECORD_BYTES = 256 << 10
 # A NUMA node id as `memoryBytes` keys name it: canonical ASCII decimal, so that no two keys
 # name one node ("0" and "00") and int() never meets "²" or a 5,000-digit string.
 _NUMA_KEY = re.compile(r"0|[1-9][0-9]{0,5}", re.ASCII)
@@ -158,7 +162,15 @@ def _same_nic_same_fields(pairs: list[Pair], nics: list[NicRef], where: str) -> 
 
 
 def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocation:
-    """Parse the annotation string; RecordError (naming the field) on anything malformed."""
+    """Parse the annotation string; RecordError (naming the field) on anything malformed.
+
+    Its cost is bounded before any work: at most MAX_RECORD_BYTES (characters, for a str),
+    and nothing in it expands (cpulists are checked range by range).
+    """
+    if len(text) > MAX_RECORD_BYTES:
+        unit = "bytes" if isinstance(text, bytes) else "characters"
+        raise RecordError(where, f"{len(text)} {unit}, larger than the {MAX_RECORD_BYTES} "
+                                 "bytes Kubernetes allows for all of a pod's annotations")
     try:
         data = json.loads(text)
     except ValueError as e:  # also bad UTF-8 and integers past Python's 4,300-digit limit

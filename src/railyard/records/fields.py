@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from typing import Any, NoReturn
 
-from railyard.topology.cpus import parse_cpulist
+from railyard.topology.cpus import iter_cpu_ranges
 from railyard.topology.model import PCI_ADDRESS_RE
 
 _MISSING: Any = object()
@@ -179,13 +179,21 @@ class Fields:
         return v
 
     def cpulist(self, key: str) -> str:
-        """A kernel cpulist ("0-3,8"), ids up to MAX_CPU, checked before any range expands;
-        no white space (the kernel's final newline included: a record holds the list itself)."""
+        """A kernel cpulist ("0-3,8"), ids up to MAX_CPU, in ascending order with each CPU
+        once, as the kernel and `format_cpulist` write it; no white space (the kernel's final
+        newline included: a record holds the list itself). Checked range by range, nothing
+        expanded: "0-65535" repeated is refused at its second element."""
         v = self.string(key)
         if v.endswith("\n"):
             self.fail(key, f"bad CPU list {v[:40]!r}: ends in a newline")
+        before = -1
         try:
-            parse_cpulist(v)
+            for first, last in iter_cpu_ranges(v):
+                if first <= before:
+                    element = str(first) if first == last else f"{first}-{last}"
+                    raise ValueError(f"bad CPU list {v[:40]!r}: {element} does not come after "
+                                     f"CPU {before} (ascending, each CPU once)")
+                before = last
         except ValueError as e:
             self.fail(key, str(e))
         return v
