@@ -41,6 +41,7 @@ from railyard.cni.spec import (
 )
 from railyard.discovery.discover import _number_after, is_representor
 from railyard.discovery.sysfs import parent_pcie_parts
+from railyard.kubelet.pods import PodError, pod_view
 from railyard.node.errors import StateError
 from railyard.node.state import StateStore, is_pod_uid
 from railyard.records.allocation import RecordError, decode_allocation
@@ -146,6 +147,14 @@ def _number(name: str) -> bool:
     return _number_after("virtfn", name) is not None
 
 
+def _pod_problem(metadata: dict[str, str]) -> str | None:
+    try:
+        pod_view({"metadata": metadata, "spec": {"containers": [{"name": "c"}]}})
+    except PodError as e:
+        return str(e)
+    return None
+
+
 def _trace_int(cell: str) -> None:
     _int({"gpus": cell}, "gpus", "trace t, row 2")
 
@@ -193,6 +202,9 @@ VALIDATORS: list[Validator] = [
     Validator("Koordinator rdma minor", ("railyard.records.koordinator._MLX5",), "mlx5_3",
               _yes_no(lambda v: rdma_minor(v) == 3)),
     # ---- node state, agent config, requests, the CLI
+    Validator("pod namespace", ("railyard.kubelet.pods._NAMESPACE",), "team-a",
+              lambda v: _pod_problem({"uid": "u", "name": "p", "namespace": v}),
+              r"metadata\.namespace: expected a namespace"),
     Validator("pod UID", ("railyard.node.state._UID",), "6f1c0a3e-0000-4000-8000-000000000001",
               _yes_no(is_pod_uid)),
     Validator("extended resource prefix", ("railyard.agent.config._DNS_LABEL",), "nvidia.com",

@@ -249,3 +249,35 @@ def test_deeply_nested_hints_are_a_request_error_not_a_recursion_error():
                              annotations={REQUEST_ANNOTATION: "[" * 5000}))
     with pytest.raises(RequestError, match="hints: not valid JSON: nested too deeply"):
         parse_request_spec("gpus=1", "[" * 5000)
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+@pytest.mark.parametrize("resource, field", [
+    ("nvidia.com/gpu", r"resources\[nvidia\.com/gpu\]"),
+    ("railyard.dev/vf", r"resources\[railyard\.dev/vf\]"),
+    ("memory", r"resources\[memory\]"),
+    ("cpu", r"resources\[cpu\]"),
+])
+def test_containers_whose_quantities_sum_past_int64_are_refused_naming_the_resource(resource,
+                                                                                     field):
+    # Issue 19, class 7: each container's quantity was bounded, their sum was not. Kubernetes
+    # keeps a pod's requests in int64 as well.
+    each = {"limits": {"cpu": "1", "memory": "1Gi", resource: str(INT64_MAX)}}
+    with pytest.raises(RequestError, match=f"{field}: the containers' sum .* is too large"):
+        request_from_pod(pod(each, each))
+
+
+def test_a_sidecar_adding_past_int64_is_refused_too():
+    big = {"limits": {"nvidia.com/gpu": str(INT64_MAX)}}
+    p = pod(big, inits=[big])
+    p["spec"]["initContainers"][0]["restartPolicy"] = "Always"
+    with pytest.raises(RequestError, match=r"resources\[nvidia\.com/gpu\]: the containers' sum"):
+        request_from_pod(p)
+
+
+def test_quantities_summing_to_exactly_int64_are_taken():
+    half = {"limits": {"nvidia.com/gpu": str(INT64_MAX // 2)}}
+    rest = {"limits": {"nvidia.com/gpu": str(INT64_MAX - INT64_MAX // 2)}}
+    assert request_from_pod(pod(half, rest)).gpus == INT64_MAX

@@ -213,3 +213,47 @@ def test_a_recorded_pci_address_that_is_not_one_never_reaches_the_file_system(pc
 
     with pytest.raises(CniError, match="is not a PCI address"):
         netdev_of(str(tmp_path), pci)
+
+
+DEEP = 100_000  # past the JSON parser's recursion limit (about 1,000 levels)
+
+
+@pytest.mark.parametrize("stdin", [
+    b'{"cniVersion": "1.0.0", "agentSocket": "/x", "a": ' + b"[" * DEEP + b"]" * DEEP + b"}",
+    b'{"cniVersion": "1.0.0", "standalone": true, "a": ' + b"[" * DEEP + b"]" * DEEP + b"}",
+    b"[" * DEEP + b'"agentSocket"' + b"]" * DEEP,
+], ids=["agent-socket", "standalone", "bare-list"])
+def test_a_config_nested_too_deeply_is_code_6_from_the_shim_not_a_traceback(shim, stdin):
+    # Issue 19, class 7: the shim parses configs that name agentSocket or standalone itself,
+    # and its parser's RecursionError escaped as a traceback with no CNI error on stdout.
+    r = call(shim, stdin)
+    assert r.code == 1 and r.error == 6, (r.out, r.stderr[-300:])
+    assert "nested too deeply" in r.out["msg"]
+    assert "Traceback" not in r.stderr
+
+
+def test_version_with_a_config_nested_too_deeply_still_answers(shim):
+    r = call(shim, b'{"agentSocket": ' + b"[" * DEEP + b"]" * DEEP + b"}", command="VERSION")
+    assert r.code == 0 and "1.1.0" in r.out["supportedVersions"], r.stderr[-300:]
+
+
+@pytest.mark.parametrize("depth", [DEEP, 900], ids=["past-the-parser", "past-our-limit"])
+def test_the_service_answers_a_deeply_nested_config_with_code_6(plugin: Plugin, depth):
+    # 900 levels parse, but near the parser's limit a config overflows the stack later (ADD
+    # dumps it into the attachment record, frames deeper), so the service refuses any
+    # config deeper than MAX_CONFIG_DEPTH at the door.
+    stdin = (b'{"cniVersion": "1.0.0", "name": "rdma", "type": "railyard-cni", "ipam": '
+             b'{"type": "host-local", "x": ' + b"[" * depth + b"]" * depth + b"}}")
+    env = {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/proc/self/ns/net",
+           "CNI_IFNAME": "net1", "CNI_ARGS": "K8S_POD_UID=u1", "CNI_PATH": "/nonexistent"}
+    reply = plugin.handle(env, stdin)
+    assert reply.code == 1 and reply.stderr == b""
+    err = json.loads(reply.stdout)
+    assert err["code"] == 6 and "nested" in err["msg"], err
+
+
+def test_a_cni_ifname_that_is_not_utf8_is_code_4_naming_it(shim, good):
+    # Issue 19, class 7: it was an internal error (code 5) from encoding the name.
+    r = call(shim, good, ifname="net\udcff")  # the runtime's bytes b"net\xff"
+    assert r.code == 1 and r.error == 4, r.out
+    assert r.out["msg"].startswith("CNI_IFNAME") and "not valid UTF-8" in r.out["msg"]

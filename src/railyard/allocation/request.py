@@ -221,6 +221,14 @@ def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Requ
     # kubelet's static CPU manager pins CPUs per container, only for a Guaranteed pod and
     # only a container whose own CPU request is whole; init containers' CPUs are reused by
     # the containers after them (staticPolicy.podGuaranteedCPUs).
+    # Each quantity is within int64, their sum need not be (Kubernetes keeps the pod's in
+    # int64 too); what the core is handed stays a number Kubernetes could have meant.
+    for name in (names.gpu, names.vf, names.pf, "cpu", "memory"):
+        total = totals.get(name, Fraction(0))
+        if total > _MAX_QUANTITY:
+            raise RequestError(f"resources[{name}]",
+                               f"the containers' sum {_short(int(total))} is too large for a "
+                               "Kubernetes quantity")
     exclusive = 0
     if _is_guaranteed([*containers, *inits]):
         exclusive = max(pinned_apps + pinned_sidecars, pinned_inits)

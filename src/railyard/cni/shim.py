@@ -28,6 +28,8 @@ CONNECT_TIMEOUT_S = 2.0
 CALL_TIMEOUT_S = 120.0
 CODE_DECODE, CODE_TRY_AGAIN = 6, 11
 _MAX_FRAME = 16 << 20
+NOT_AN_OBJECT = "network config on stdin is not a JSON object"
+NESTED_TOO_DEEPLY = "network config on stdin is nested too deeply to read"
 
 
 def _u32(n: int) -> bytes:
@@ -119,16 +121,19 @@ def loads(data: bytes) -> object:
     return value
 
 
-def _config(stdin: bytes) -> "dict[str, object] | None":  # quoted: python3 >= 3.8
-    """The network config, parsed only when a key the shim acts on may be in it."""
+def _config(stdin: bytes) -> "dict[str, object] | str":  # quoted: python3 >= 3.8
+    """The network config, parsed only when a key the shim acts on may be in it; or why it
+    cannot be read (the message of a code 6 answer)."""
     if stdin.lstrip()[:1] == b"{" and b"agentSocket" not in stdin \
             and b"standalone" not in stdin:
         return {}
     try:
         conf = loads(stdin)
     except ValueError:  # UnicodeDecodeError is one
-        return None
-    return conf if isinstance(conf, dict) else None
+        return NOT_AN_OBJECT
+    except RecursionError:  # "[[[[…" deeper than the parser's stack: never a traceback
+        return NESTED_TOO_DEEPLY
+    return conf if isinstance(conf, dict) else NOT_AN_OBJECT
 
 
 def _connect(sock: _socket.socket, path: str) -> None:
@@ -185,8 +190,8 @@ def main() -> None:
     if env.get("CNI_COMMAND") == "VERSION":
         # VERSION needs no agent: answered here, so a runtime can probe a node early.
         code, out, err = 0, _version_reply(stdin), b""
-    elif conf is None:
-        out = error_json(CODE_DECODE, "network config on stdin is not a JSON object")
+    elif isinstance(conf, str):
+        out = error_json(CODE_DECODE, conf)
         code, err = 1, b""
     elif conf.get("standalone") is True:
         code, out, err = _standalone(env, stdin)
@@ -212,7 +217,7 @@ def _asked_version(stdin: bytes) -> str:
     """The config's cniVersion when this plugin speaks it, else the latest (for replies)."""
     try:
         conf = loads(stdin)
-    except ValueError:
+    except (ValueError, RecursionError):
         conf = None
     asked = conf.get("cniVersion") if isinstance(conf, dict) else None
     return asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -138,6 +139,16 @@ def _list(parent: dict[str, Any], key: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+# A namespace's name: an RFC 1123 label (Kubernetes' ValidateNamespaceName), full-matched.
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value[:70])
+    return f"{type(value).__name__} {str(value)[:30]}"
+
+
 def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
     """Parse a v1 Pod; PodError only when the pod cannot be identified at all."""
     if not isinstance(pod, dict):
@@ -172,6 +183,12 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
     except RequestError as e:
         request_error = str(e)
     namespace = meta.get("namespace")
+    if namespace is None:
+        namespace = "default"  # a pods file may leave it out, as kubectl does
+    elif not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        # Never read as "default": such a pod would take a default pod's record by name.
+        raise PodError(f"metadata.namespace: expected a namespace (a DNS label: lower-case "
+                       f"letters, digits and '-', at most 63), got {_shown(namespace)}")
     node = spec.get("nodeName")
     phase = status.get("phase")
     problems = []
@@ -183,7 +200,7 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         created = None
     return PodView(
         uid=meta["uid"],
-        namespace=namespace if isinstance(namespace, str) else "default",
+        namespace=namespace,
         name=meta["name"],
         node_name=node if isinstance(node, str) and node else None,
         phase=phase if isinstance(phase, str) and phase else "Pending",
@@ -286,8 +303,13 @@ class PodsFile:
             with open(self.path, encoding="utf-8") as f:
                 data = json.load(f)
             pods, warnings = parse_pods(data, self.names, self.path)
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError, PodsFileError) as e:
+        # ValueError: also bad UTF-8 and an integer past int()'s 4,300 digits.
+        except (OSError, ValueError, PodsFileError) as e:
             log.warning("pods file %s unusable (%s); keeping the last list", self.path, e)
+            return
+        except RecursionError:  # "[[[[…" deeper than the parser's stack
+            log.warning("pods file %s unusable (nested too deeply); keeping the last list",
+                        self.path)
             return
         for w in warnings:
             log.warning("%s", w)
