@@ -794,7 +794,7 @@ class Box:
             "--kube-api-qps", "200", "--kube-api-burst", "400",
         ])
         if self.with_railyard:
-            self._railyard_extender()
+            self.start_railyard_extender()
         scheduler_config = self._scheduler_config(config / "kube-scheduler.kubeconfig")
         self.start("kube-scheduler", [
             self.bin("kube-scheduler"), "--config", str(scheduler_config),
@@ -1083,14 +1083,19 @@ state = "{lay.run_dir / 'containerd'}"
     def cni_socket(self) -> Path:
         return self.layout.run_dir / "railyard-cni.sock"
 
-    def _railyard_extender(self) -> None:
-        """The CRD, each Railyard service's own RBAC, and the extender kube-scheduler calls."""
+    def start_railyard_extender(self, *options: str) -> None:
+        """The CRD, each Railyard service's own RBAC, and the extender kube-scheduler calls
+        (`options`: more `railyard scheduler` options). `--with-railyard` starts it before
+        kube-scheduler; benchmarks/scheduling.py starts it later."""
         self.kubectl("apply", "-f", str(REPO / "deploy/crds/nodetopologies.railyard.dev.yaml"))
+        self.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
+                     "crd/nodetopologies.railyard.dev")
         self.kubectl("apply", "-f", "-", input=json.dumps(railyard_rbac()))
         listen = f"{self.layout.node_ip}:{EXTENDER_PORT}"
         self.start("railyard-scheduler", [
             _railyard(), "scheduler", "--listen", listen,
             "--kubeconfig", str(self.layout.dir / "config/railyard-extender.kubeconfig"),
+            *options,
         ])
 
         def healthy() -> bool:
@@ -1140,7 +1145,8 @@ state = "{lay.run_dir / 'containerd'}"
         items = [kwok_node(name) for name in names]
         self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
                                                             "items": items}))
-        self.wait("kwok", lambda: self._ready_count(names) == len(names), timeout=120)
+        self.wait("kwok", lambda: self._ready_count(names) == len(names),
+                  timeout=max(120.0, count / 20))
         say(f"{count} kwok nodes Ready")
         return names
 
@@ -1156,6 +1162,10 @@ state = "{lay.run_dir / 'containerd'}"
         return ready
 
     # -- restarts -----------------------------------------------------------------------------
+
+    def stop(self, name: str) -> None:
+        """Stop a component; `restart` starts it again (drills, benchmarks)."""
+        _stop(next(s for s in self.state.started if s.name == name).pid)
 
     def restart(self, name: str) -> None:
         """Stop a component and start it again with the same command line (drills)."""
@@ -1241,7 +1251,8 @@ def railyard_rbac() -> dict:
     events = rule(["", "events.k8s.io"], ["events"], ["create", "patch"])
     roles = {
         EXTENDER_USER: [
-            rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+            # A bind is one pods/binding create carrying the record: no patch on pods.
+            rule([""], ["pods"], ["get", "list", "watch"]),
             rule([""], ["pods/binding"], ["create"]),
             rule(["railyard.dev"], ["nodetopologies"], ["get", "list", "watch"]),
             # Leader election (decision 0074); the box's Lease is kube-system/railyard-scheduler.

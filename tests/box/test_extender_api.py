@@ -223,7 +223,7 @@ def test_a_restarted_extender_rebuilds_identical_holdings_from_the_annotations(c
     assert devices(new).isdisjoint(devices(before_pod))
 
 
-def test_a_binding_the_api_refuses_takes_the_annotation_off_again(cluster):
+def test_a_binding_the_api_refuses_leaves_no_record_on_the_pod(cluster):
     box, _ = cluster
     ns = namespace(box)
     # Already on a node (nodeName set at creation): the Binding is refused with a conflict.
@@ -249,7 +249,7 @@ def test_a_binding_the_api_refuses_takes_the_annotation_off_again(cluster):
     p = get(box, "pod", "placed", "-n", ns)
     assert ALLOCATION_ANNOTATION not in p["metadata"].get("annotations", {})
     assert p["spec"]["nodeName"] == "kwok-node-2"
-    # Another pod's uid: the annotation is refused before anything is written.
+    # Another pod's uid: the Binding's uid precondition refuses it; nothing is written.
     error = asyncio.run(try_bind("00000000-0000-0000-0000-000000000000"))
     assert error, error
     assert ALLOCATION_ANNOTATION not in get(box, "pod", "placed", "-n", ns)["metadata"].get(

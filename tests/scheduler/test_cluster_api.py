@@ -4,6 +4,8 @@ values directly; the same code against a real API server is tests/box/test_exten
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 from scheduler_helpers import hand_allocation
 
@@ -21,7 +23,13 @@ from railyard.records.nodetopology_cr import (
     status_to_json,
 )
 from railyard.records.topology import topology_to_json
-from railyard.scheduler.cluster_api import ClusterSync, TopologyObject
+from railyard.scheduler.cluster_api import (
+    MAX_PENDING_EVENTS,
+    ClusterSync,
+    PodBinder,
+    TopologyObject,
+)
+from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import UNHEALTHY_HOLDER, ClusterState
 from railyard.topology.model import NodeTopology
 
@@ -190,3 +198,30 @@ def test_an_unhealthy_pf_is_not_given_whole_and_an_unreadable_status_keeps_the_h
     some = sync.state.bind("1", "ml", "p-1", "a", Request(pfs=len(t.nics) - 1))
     assert isinstance(some, Allocation) and pf not in {n.pci_address for n in some.pfs}
     assert sync.state.pod_count() == 1  # the health hold is no pod
+
+
+def test_events_beyond_the_pending_limit_are_dropped_not_queued_ahead_of_binds():
+    class StalledClient:
+        """Every create waits until released: Events pile up as on a saturated API."""
+
+        def __init__(self) -> None:
+            self.release = asyncio.Event()
+            self.sent = 0
+
+        async def create(self, path: str, body: object, type_: object) -> None:
+            await self.release.wait()
+            self.sent += 1
+
+    async def main() -> tuple[int, int]:
+        client = StalledClient()
+        binder = PodBinder(client, synced("a"))  # type: ignore[arg-type]
+        alloc = hand_allocation(topology("a"), [(0, 0, 0)])
+        for i in range(MAX_PENDING_EVENTS + 40):
+            binder._event(BoundPod("ml", f"p-{i}", str(i), "a", alloc), "Allocated", "x")
+        await asyncio.sleep(0)
+        client.release.set()
+        while binder._events:
+            await asyncio.sleep(0.01)
+        return client.sent, binder.dropped_events
+
+    assert asyncio.run(main()) == (MAX_PENDING_EVENTS, 40)

@@ -69,4 +69,4 @@ def test_the_binder_writes_nothing_once_the_fence_is_down():
     binder = PodBinder(None, ClusterSync(state), fence=lambda: False)  # type: ignore[arg-type]
     with pytest.raises(NotLeader):
         asyncio.run(binder.bind(BoundPod("default", "p", "u1", "dgx-h100-000", None)))
-    assert binder.sync.recording == set()
+    assert binder.sync.recording == set() and binder.sync.written == set()

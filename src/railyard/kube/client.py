@@ -25,6 +25,12 @@ T = TypeVar("T")
 DEFAULT_QPS = 50.0
 DEFAULT_BURST = 100
 REQUEST_TIMEOUT_S = 30.0
+# Connections to the API server for requests (watches have their own): past this, a request
+# waits for one to come free. Each new connection is a TLS handshake that costs the API
+# server about a millisecond of CPU; unbounded, a burst of slow binds opened 451 of them and
+# tripled the API server's CPU per bound pod (docs/benchmarks.md, "Scheduling").
+# client-go multiplexes HTTP/2 on one connection; aiohttp speaks HTTP/1.1 only.
+DEFAULT_CONNECTIONS = 16
 # One watch event line (one object): 16 MiB is well above the 1.5 MiB etcd lets an object be.
 MAX_LINE_BYTES = 16 << 20
 WATCH_READ_TIMEOUT_S = 120.0
@@ -89,13 +95,16 @@ class Client:
 
     def __init__(self, config: KubeConfig, *, qps: float = DEFAULT_QPS,
                  burst: int = DEFAULT_BURST, timeout_s: float = REQUEST_TIMEOUT_S,
+                 connections: int = DEFAULT_CONNECTIONS,
                  user_agent: str = "railyard") -> None:
         self.config = config
         self.limit = RateLimit(qps, burst)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 10))
+        self.connections = connections
         self._ssl = config.ssl_context() if config.server.startswith("https:") else None
         self._user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
+        self._watch_session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Client:
         return self
@@ -104,19 +113,31 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._watch_session):
+            if session is not None:
+                await session.close()
+        self._session = self._watch_session = None
+
+    def _new_session(self, connections: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False,
+                                         limit=connections, enable_cleanup_closed=True)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=self.timeout, skip_auto_headers=("User-Agent",),
+            headers={"User-Agent": self._user_agent, "Accept": "application/json"},
+            json_serialize=lambda v: msgspec.json.encode(v).decode())
 
     def _open(self) -> aiohttp.ClientSession:
+        """The requests' session: at most `connections` open, reused (keep-alive)."""
         if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._ssl if self._ssl is not None else False,
-                                             limit=0, enable_cleanup_closed=True)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self.timeout, skip_auto_headers=("User-Agent",),
-                headers={"User-Agent": self._user_agent, "Accept": "application/json"},
-                json_serialize=lambda v: msgspec.json.encode(v).decode())
+            self._session = self._new_session(self.connections)
         return self._session
+
+    def _open_watches(self) -> aiohttp.ClientSession:
+        """The watches' session: each watch holds its connection for as long as it runs, so
+        they never queue behind (or hold up) requests; their number is the caller's code's."""
+        if self._watch_session is None:
+            self._watch_session = self._new_session(0)
+        return self._watch_session
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
         headers = {}
@@ -209,7 +230,7 @@ class Client:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.sock_connect,
                                         sock_read=read_timeout_s)
         try:
-            async with self._open().get(self.config.server + path, params=query,
+            async with self._open_watches().get(self.config.server + path, params=query,
                                         headers=self._headers(), timeout=timeout) as resp:
                 if resp.status >= 400:
                     raise api_error(resp.status, await resp.read(), where)

@@ -1,6 +1,6 @@
 """The cluster from the API server: NodeTopology CRs become the ClusterState's nodes, the pods'
-`railyard.dev/allocation` annotations its ledger, and a bind is recorded on the pod (the
-annotation, then `pods/binding`). The cluster-file mode's source and writer, on a real
+`railyard.dev/allocation` annotations its ledger, and a bind is recorded on the pod (one
+`pods/binding` carrying the annotation). The cluster-file mode's source and writer, on a real
 cluster (issue 15, docs/decisions/0073).
 
 Both watches feed one `ClusterSync`, whose handlers are synchronous and run on the extender's
@@ -22,7 +22,7 @@ import msgspec
 
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
-from railyard.kube.client import ApiError, Client
+from railyard.kube.client import Client
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
 from railyard.records.allocation import RecordError, decode_allocation, encode_allocation
@@ -42,8 +42,10 @@ log = logging.getLogger("railyard.scheduler")
 TOPOLOGIES = f"/apis/{API_VERSION}/{PLURAL}"
 PODS = "/api/v1/pods"
 FINISHED = frozenset(("Succeeded", "Failed"))  # a finished pod's devices are free again
-PATCH_ATTEMPTS = 3
 COMPONENT = "railyard-scheduler"
+# Events being sent at once; past this a new one is dropped (and counted): Events are
+# notes for people, and must not queue ahead of binds for the client's QPS.
+MAX_PENDING_EVENTS = 256
 _NO_SPEC = msgspec.Raw(b"null")
 
 
@@ -259,90 +261,53 @@ class NotLeader(Exception):
 
 
 class PodBinder:
-    """The `ClusterWriter` on the API: the Allocation annotation on the pod (a merge patch
-    carrying the pod's uid and resourceVersion, so it lands on the pod kube-scheduler placed
-    and on no newer version of it), then the `pods/binding` subresource (uid precondition).
-    A Binding that fails takes the annotation off again before the error goes back."""
+    """The `ClusterWriter` on the API: one `pods/binding` create that carries the Allocation
+    annotation. The API server sets the pod's node and merges the Binding's annotations into
+    the pod in one update, under the Binding's uid precondition, and only while the pod has
+    no node (decision 0073): the record and the binding land together or not at all, so no
+    failure leaves one without the other."""
 
     def __init__(self, client: Client, sync: ClusterSync,
-                 pods: Reflector[Pod] | None = None,
                  fence: Callable[[], bool] | None = None) -> None:
-        self.client, self.sync, self.pods = client, sync, pods
-        # Leader election's fence (decision 0074): checked right before each annotation
-        # write, so a leader that could not renew writes nothing more.
+        self.client, self.sync = client, sync
+        # Leader election's fence (decision 0074): checked right before the write, so a
+        # leader that could not renew writes nothing more.
         self.fence = fence
         self.instance = os.uname().nodename
         self._events: set[asyncio.Task[None]] = set()
+        self.dropped_events = 0
 
     async def bind(self, pod: BoundPod) -> None:
-        uid = pod.uid
-        self.sync.recording.add(uid)
+        if self.fence is not None and not self.fence():
+            raise NotLeader(f"pod {pod.namespace}/{pod.name}: this replica lost the leader's "
+                            "lease before writing its bind")
+        metadata: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace,
+                                    "uid": pod.uid}
+        if pod.allocation is not None:
+            metadata["annotations"] = {ALLOCATION_ANNOTATION: encode_allocation(pod.allocation)}
+        self.sync.recording.add(pod.uid)
         try:
+            await self.client.create(
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
+                {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+                 "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
+                Status)
             if pod.allocation is not None:
-                await self._annotate(pod, pod.allocation)
-            else:
-                self._fenced(pod)
-            try:
-                await self.client.create(
-                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
-                    {"apiVersion": "v1", "kind": "Binding",
-                     "metadata": {"name": pod.name, "namespace": pod.namespace, "uid": uid},
-                     "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
-                    Status)
-            except Exception:
-                if pod.allocation is not None:
-                    await self._unannotate(pod)
-                raise
-            if pod.allocation is not None:
-                self.sync.written.add(uid)
+                self.sync.written.add(pod.uid)
         finally:
-            self.sync.recording.discard(uid)
+            self.sync.recording.discard(pod.uid)
         if pod.allocation is not None:
             self._event(pod, "Allocated",
                         f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
 
-    def _fenced(self, pod: BoundPod) -> None:
-        if self.fence is not None and not self.fence():
-            raise NotLeader(f"pod {pod.namespace}/{pod.name}: this replica lost the leader's "
-                            "lease before writing its bind")
-
-    def _path(self, pod: BoundPod) -> str:
-        return f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
-
-    async def _annotate(self, pod: BoundPod, alloc: Allocation) -> None:
-        version = ""
-        if self.pods is not None:
-            known = self.pods.store.get(f"{pod.namespace}/{pod.name}")
-            if known is not None and known.metadata.uid == pod.uid:
-                version = known.metadata.resource_version
-        for attempt in range(PATCH_ATTEMPTS):
-            if not version:
-                current = await self.client.get(self._path(pod), Pod)
-                if current.metadata.uid != pod.uid:
-                    raise ApiError(409, "Conflict", f"the pod is now uid "
-                                   f"{current.metadata.uid}, not {pod.uid}", self._path(pod))
-                version = current.metadata.resource_version
-            self._fenced(pod)
-            meta = {"uid": pod.uid, "resourceVersion": version,
-                    "annotations": {ALLOCATION_ANNOTATION: encode_allocation(alloc)}}
-            try:
-                await self.client.patch(self._path(pod), {"metadata": meta}, Pod)
-                return
-            except ApiError as e:
-                if not e.conflict or attempt == PATCH_ATTEMPTS - 1:
-                    raise
-                version = ""  # the pod changed since: read it again
-
-    async def _unannotate(self, pod: BoundPod) -> None:
-        try:
-            await self.client.patch(self._path(pod), {"metadata": {
-                "uid": pod.uid, "annotations": {ALLOCATION_ANNOTATION: None}}}, Pod)
-        except Exception as e:  # the watch frees the devices when the pod goes
-            log.error("pod %s/%s: taking its %s off again failed: %s", pod.namespace,
-                      pod.name, ALLOCATION_ANNOTATION, e)
-
     def _event(self, pod: BoundPod, reason: str, message: str) -> None:
         """An Event on the pod, written off the bind's path: losing one loses no record."""
+        if len(self._events) >= MAX_PENDING_EVENTS:
+            self.dropped_events += 1
+            if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
+                log.warning("%d Event(s) dropped: %d already being sent", self.dropped_events,
+                            MAX_PENDING_EVENTS)
+            return
         now = _now()
         body = {
             "apiVersion": "v1", "kind": "Event",
@@ -379,7 +344,7 @@ class ApiCluster:
         self.topologies: Reflector[TopologyObject] = Reflector(
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
         self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
-        self.binder = PodBinder(client, self.sync, self.pods, fence)
+        self.binder = PodBinder(client, self.sync, fence)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout_s: float = 120.0) -> None:

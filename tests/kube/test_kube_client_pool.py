@@ -1,0 +1,78 @@
+"""The API client's connections: requests share a bounded, reused pool (each new connection
+is a TLS handshake the API server pays for), and watches never wait behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from aiohttp import web
+
+from railyard.kube.client import Client
+from railyard.kube.config import KubeConfig
+from railyard.kube.objects import Object
+
+
+class CountingServer:
+    """An HTTP API server stand-in that answers slowly and counts the connections made."""
+
+    def __init__(self) -> None:
+        self.peers: set[tuple[str, int]] = set()
+        self.in_flight = self.most_in_flight = 0
+        self.watching = asyncio.Event()
+        self.done = asyncio.Event()  # ends the watches
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        self.peers.add(request.transport.get_extra_info("peername"))
+        if request.query.get("watch"):
+            response = web.StreamResponse()
+            await response.prepare(request)
+            self.watching.set()
+            await response.write(b'{"type":"BOOKMARK","object":{"metadata":{}}}\n')
+            await self.done.wait()
+            return response
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        await asyncio.sleep(0.02)
+        self.in_flight -= 1
+        return web.json_response({"metadata": {"name": "x"}})
+
+
+async def serve(server: CountingServer) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", server.get)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    site = web.SockSite(runner, sock)
+    await site.start()
+    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_a_burst_of_requests_shares_a_bounded_pool_and_watches_are_not_counted_in_it():
+    async def main() -> None:
+        server = CountingServer()
+        runner, url = await serve(server)
+        try:
+            async with Client(KubeConfig(server=url), qps=10_000, burst=10_000,
+                              connections=4) as client:
+                watches = [asyncio.ensure_future(_drain(client, f"/w{i}")) for i in range(6)]
+                await asyncio.wait_for(server.watching.wait(), 5)
+                await asyncio.gather(*(client.get(f"/api/v1/x/{i}", Object)
+                                       for i in range(200)))
+                for w in watches:
+                    w.cancel()
+                await asyncio.gather(*watches, return_exceptions=True)
+        finally:
+            server.done.set()
+            await runner.cleanup()
+        assert server.most_in_flight == 4  # six watches open, yet requests had all four
+        assert len(server.peers) <= 4 + 6, server.peers  # 200 requests, 4 connections
+
+    asyncio.run(main())
+
+
+async def _drain(client: Client, path: str) -> None:
+    async for _ in client.watch_lines(path, {}):
+        pass
