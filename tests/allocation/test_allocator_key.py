@@ -3,6 +3,10 @@
 Topologies are built directly (a few GPUs, PFs and VFs, random distances and NUMA nodes,
 some VFs bound to vfio-pci or inside pods, ports down, a default-route PF), so every rule
 of docs/allocation.md's key is exercised, not only the shapes of real servers.
+
+The search has a budget (docs/decisions/0077): with the default one these searches never
+spend it and answer exactly; with a tiny one the answer is brute force's or the budget's
+refusal, never a wrong allocation, and the refusal is not memoised as the answer.
 """
 
 from __future__ import annotations
@@ -11,12 +15,13 @@ import contextlib
 
 import pytest
 from alloc_brute import brute_force, key_of, pairing_bounds
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
+from railyard.allocation.search import SEARCH_BUDGET
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef
 from railyard.topology.cpus import format_cpulist, parse_cpulist
 from railyard.topology.model import Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
@@ -181,7 +186,10 @@ def check_against_brute_force(data, make_request, min_gpus: int = 1) -> None:
     t = data.draw(topologies(min_gpus))
     ledger = data.draw(ledgers(t))
     r = data.draw(make_request(t))
-    result = Allocator().allocate(t, ledger, r)
+    alloc = Allocator(search_budget=SEARCH_BUDGET)  # the default: large enough for these
+    result = alloc.allocate(t, ledger, r)
+    assert not spent(result), result
+    assert alloc.explored < SEARCH_BUDGET // 100  # nowhere near it
     best = brute_force(t, ledger, r)
     if best is None:
         assert isinstance(result, Infeasible)
@@ -191,6 +199,53 @@ def check_against_brute_force(data, make_request, min_gpus: int = 1) -> None:
     assert isinstance(result, Allocation), result
     assert key_of(t, ledger, r, result) == best
     check_valid(t, ledger, r, result)
+
+
+def spent(result: Allocation | Infeasible) -> bool:
+    """Whether this is the refusal of a search that spent its budget."""
+    return (isinstance(result, Infeasible) and result.refusal is not None
+            and result.refusal.search_budget_spent)
+
+
+def check_answer(t: NodeTopology, ledger: Ledger, r: Request, result: Allocation | Infeasible,
+                 best: tuple | None) -> None:
+    """`result` is brute force's answer: its key, or no allocation. An Infeasible may claim
+    less than brute force would (a budget spent on explaining it leaves it resolvable), never
+    more."""
+    if best is None:
+        assert isinstance(result, Infeasible) and result.reason
+        if result.unresolvable:
+            assert brute_force(t, None, r) is None
+        return
+    assert isinstance(result, Allocation), result
+    assert key_of(t, ledger, r, result) == best
+    check_valid(t, ledger, r, result)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_tiny_budget_gives_brute_forces_answer_or_says_it_was_spent(data):
+    t = data.draw(topologies())
+    ledger = data.draw(ledgers(t))
+    r = data.draw(data.draw(st.sampled_from([requests, paired_requests]))(t))
+    budget = data.draw(st.integers(0, 80))
+    alloc = Allocator(search_budget=budget)
+    result = alloc.allocate(t, ledger, r)
+    best = brute_force(t, ledger, r)
+    event("spent" if spent(result) else "answered")
+    if spent(result):
+        assert isinstance(result, Infeasible)
+        assert result.reason.startswith("search budget spent:") and result.unresolvable
+        assert f"explored {budget:,} states" in result.reason
+        assert alloc.node_score(t, ledger, r) == 0
+        # Never memoised as the answer: without the bound the same allocator answers exactly.
+        alloc.search_budget = None
+        result = alloc.allocate(t, ledger, r)
+        assert not spent(result)
+    check_answer(t, ledger, r, result, best)
+    # Counted, not timed: another allocator with the same budget answers the same.
+    again = Allocator(search_budget=budget)
+    assert again.allocate(t, ledger, r) == Allocator(search_budget=budget).allocate(t, ledger, r)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -5,18 +5,31 @@ turns the abstract answer into devices: the lowest free VF index of each chosen 
 lowest free CPUs of each chosen NUMA node. Answers are memoised by (node shape, free-state
 signature, request shape): thousands of nodes share a few signatures, so a cluster-wide
 filter searches each signature once. `node_score` ranks nodes for the extender.
+
+Each decision explores at most `search_budget` states; one that spends it is refused with a
+reason that says so, and that refusal is never memoised as the shape's answer
+(docs/decisions/0077).
 """
 
 from __future__ import annotations
 
 import operator
+import threading
 from dataclasses import dataclass
 from typing import Literal
 
-from railyard.allocation.explain import explain
+from railyard.allocation.explain import budget_refusal, explain
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
-from railyard.allocation.search import Choice, Spec, feasible, search
+from railyard.allocation.search import (
+    SEARCH_BUDGET,
+    Budget,
+    Choice,
+    SearchBudgetSpent,
+    Spec,
+    feasible,
+    search,
+)
 from railyard.allocation.shape import (
     NodeShape,
     ShapeCaches,
@@ -39,13 +52,23 @@ class Allocator:
     """Exact joint allocation with a memo; one per extender, simulator or agent.
 
     `packing` orders nodes that the key cannot tell apart: `binpack` prefers fuller nodes
-    (keeps whole nodes free for large pods), `spread` emptier ones.
+    (keeps whole nodes free for large pods), `spread` emptier ones. `search_budget` is the
+    most states one decision explores (None: no bound). An answer found within one budget is
+    the answer under any other (only a no's reason may be plainer, when explaining it ran
+    short), so the memo keeps answers across changes of the budget.
+
+    `allocate` and `node_score` are called from one thread at a time; `shape` and
+    `group_key` from any thread (the extender searches in a worker thread while its event
+    loop regroups nodes).
     """
 
-    def __init__(self, packing: Packing = "binpack") -> None:
+    def __init__(self, packing: Packing = "binpack",
+                 search_budget: int | None = SEARCH_BUDGET) -> None:
         if packing not in ("binpack", "spread"):
             raise ValueError(f"packing must be 'binpack' or 'spread', got {packing!r}")
+        Budget(search_budget)  # the same check as every decision's
         self.packing = packing
+        self.search_budget = search_budget
         # id(topology) -> its shape; the shape holds the topology, so the id stays valid.
         self._shapes: dict[int, NodeShape] = {}
         # shape_key -> a built shape: another node of a known shape costs no search build.
@@ -62,6 +85,16 @@ class Allocator:
         # CPUs worked out, in shape indices (so valid for every node of the shape).
         self._plans: dict[tuple, _Plan | Refusal] = {}
         self._scores: dict[tuple, int] = {}
+        # (memo key, budget) -> the refusal of a decision that spent that budget: the search
+        # is deterministic, so the same budget spends again at the same state; a larger one
+        # searches afresh. Kept apart from the answers above, which never hold it.
+        self._spent: dict[tuple, Refusal] = {}
+        # States explored by every decision so far (memo hits explore none): what a caller
+        # asking about many nodes at once counts against its own cap (the extender's filter).
+        self.explored = 0
+        # Building a shape hands out its small id: two threads building two shapes at once
+        # must not get the same one (memo keys would collide).
+        self._shape_lock = threading.Lock()
 
     # ------------------------------------------------------------------ public
 
@@ -74,6 +107,8 @@ class Allocator:
         plan = self._plans.get(key)
         if plan is None:
             decided = self._decide(shape, group, ledger, request)
+            if isinstance(decided, Refusal) and decided.search_budget_spent:
+                return decided.at(topology.node)  # not the shape's answer: not kept
             plan = decided if isinstance(decided, Refusal) else _plan(shape, decided, request)
             if len(self._plans) >= _MEMO_LIMIT:
                 self._plans.clear()
@@ -111,10 +146,13 @@ class Allocator:
             return score
         shape = self.shape(topology)
         decided = self._decide(shape, group, ledger, request)
+        spent = isinstance(decided, Refusal) and decided.search_budget_spent
         if isinstance(decided, Refusal):
             score = 0
         else:
             ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request)
+            # An empty node whose search spends the budget: not known to be as good.
+            spent = isinstance(ideal, Refusal) and ideal.search_budget_spent
             same = not isinstance(ideal, Refusal) and decided.key[:5] == ideal.key[:5]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
             if worst <= Distance.PIX:
@@ -125,6 +163,8 @@ class Allocator:
                 tier = 1
             low, levels = _BANDS[tier]
             score = low + _packing(self.packing, levels, shape, group[1], request)
+        if spent:
+            return score  # depends on the budget, not only on the shape: not kept
         if len(self._scores) >= _MEMO_LIMIT:
             self._scores.clear()
         self._scores[key] = score
@@ -136,6 +176,10 @@ class Allocator:
         shape = self._shapes.get(id(topology))
         if shape is not None and shape.topology is topology:
             return shape
+        with self._shape_lock:
+            return self._shape(topology)
+
+    def _shape(self, topology: NodeTopology) -> NodeShape:
         parts = (topology.gpus, topology.nics, topology.numa_nodes, topology.distance)
         ids = tuple(map(id, parts))
         seen = self._by_parts.get(ids)
@@ -167,18 +211,47 @@ class Allocator:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        free = empty_state(shape) if ledger is None else free_state(shape, ledger, group[1])
-        found = search(shape, free, request)
-        if found is None:
-            empty = free if ledger is None else empty_state(shape)
-            unresolvable = ledger is None or not feasible(shape, empty, request)
-            hit = explain(shape, empty if unresolvable else free, request, unresolvable)
-        else:
-            hit = found
+        limit = self.search_budget
+        spent = self._spent.get((key, limit))
+        if spent is not None:
+            return spent
+        budget = Budget(limit)
+        try:
+            hit = self._search(shape, group, ledger, request, budget)
+        finally:
+            self.explored += budget.used
+        if hit is None:
+            assert limit is not None
+            spent = budget_refusal(request, limit)
+            if len(self._spent) >= _MEMO_LIMIT:
+                self._spent.clear()
+            self._spent[(key, limit)] = spent
+            return spent
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = hit
         return hit
+
+    def _search(self, shape: NodeShape, group: tuple, ledger: Ledger | None, request: Request,
+                budget: Budget) -> Choice | Refusal | None:
+        """The decision itself: the best choice, or why none; None when the search spent
+        the budget before it could say."""
+        free = empty_state(shape) if ledger is None else free_state(shape, ledger, group[1])
+        try:
+            found = search(shape, free, request, budget)
+        except SearchBudgetSpent:
+            return None
+        if found is None:
+            # Nothing fits: proved. What is left of the budget goes to saying why; a check
+            # that spends it leaves the plainer reason (and preemption allowed).
+            empty = free if ledger is None else empty_state(shape)
+            try:
+                unresolvable = ledger is None or not feasible(shape, empty, request, budget)
+            except SearchBudgetSpent:
+                unresolvable = False
+            return explain(shape, empty if unresolvable else free, request, unresolvable,
+                           budget)
+        return found
 
 
 # Score band per tier: (lowest score, number of packing levels). Tiers never overlap, so

@@ -2,6 +2,8 @@
 
 Called only when the search found nothing. Checks the plain counts first, then relaxes one
 hard limit at a time (`maxDistance`, `numa: single`) to name the one that failed, and where.
+Those relaxed searches share the decision's budget; one that spends it names nothing, and
+the reason falls back to a plainer one (still true: the search proved that nothing fits).
 """
 
 from __future__ import annotations
@@ -9,7 +11,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from railyard.allocation.request import Request
-from railyard.allocation.search import Spec, feasible, vfs_beside_whole
+from railyard.allocation.search import (
+    Budget,
+    SearchBudgetSpent,
+    Spec,
+    feasible,
+    vfs_beside_whole,
+)
 from railyard.allocation.shape import FreeState, NodeShape
 from railyard.allocation.types import Refusal
 from railyard.topology.model import Distance
@@ -151,16 +159,25 @@ def _single_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
 
 
 def explain(shape: NodeShape, free: FreeState, request: Request,
-            unresolvable: bool = False) -> Refusal:
+            unresolvable: bool = False, budget: Budget | None = None) -> Refusal:
     """The first constraint that fails on this node, and where. Names no node: one answer
     serves every node of the shape (`Refusal.at` adds the name)."""
     if request.gpus > len(shape.gpus):
         return Refusal(_plural(request.gpus, "GPU") + " requested", unresolvable,
                        node_has=str(len(shape.gpus)))
-    return Refusal(_reason(shape, free, request), unresolvable)
+    return Refusal(_reason(shape, free, request, budget), unresolvable)
 
 
-def _reason(shape: NodeShape, free: FreeState, request: Request) -> str:
+def _fits(shape: NodeShape, free: FreeState, request: Request, budget: Budget | None) -> bool:
+    """Whether the relaxed request fits; False when the budget runs out before saying."""
+    try:
+        return feasible(shape, free, request, budget)
+    except SearchBudgetSpent:
+        return False
+
+
+def _reason(shape: NodeShape, free: FreeState, request: Request,
+            budget: Budget | None) -> str:
     spec = Spec.of(request)
     nfree = free.gpus.bit_count()
     if spec.gpus > nfree:
@@ -183,13 +200,40 @@ def _reason(shape: NodeShape, free: FreeState, request: Request) -> str:
         return f"{spec.cpus} exclusive CPUs requested but only {sum(free.cpus)} free"
     if spec.memory > sum(free.memory):
         return f"{spec.memory} bytes of memory requested but only {sum(free.memory)} free"
-    if spec.pairs and spec.max_distance < Distance.SYS and feasible(
-            shape, free, replace(request, max_distance=None)):
+    if spec.pairs and spec.max_distance < Distance.SYS and _fits(
+            shape, free, replace(request, max_distance=None), budget):
         return _distance_reason(shape, free, spec)
-    if spec.numa == "single" and feasible(shape, free, replace(request, numa="preferred")):
+    if spec.numa == "single" and _fits(shape, free, replace(request, numa="preferred"), budget):
         return _single_reason(shape, free, spec)
     if spec.pairs and spec.lo:
         return (f"no placement gives {_plural(spec.gpus, 'GPU')} {_plural(request.nics, 'NIC')}"
                 f" serving {spec.lo}–{spec.hi} GPUs each ({request.pairing} pairing)")
     return (f"no placement of {_plural(spec.gpus, 'GPU')}, {_plural(spec.vfs, 'VF')} and "
             f"{_plural(spec.pfs, 'whole PF')} satisfies every limit at once")
+
+
+def budget_refusal(request: Request, limit: int) -> Refusal:
+    """What a decision says when its search spent the budget: the request, the count, and
+    what the pod's author can change. Unresolvable: evicting pods would not make the search
+    smaller (usually larger), so kube-scheduler should not preempt for it."""
+    want = [_plural(request.gpus, "GPU")] if request.gpus else []
+    if request.vfs:
+        want.append(_plural(request.vfs, "VF"))
+    if request.pfs:
+        want.append(_plural(request.pfs, "whole PF"))
+    hints = []
+    if request.max_distance is not None:
+        hints.append(f"maxDistance {request.max_distance.name}")
+    if request.pairing_hint is not None:
+        hints.append(f"pairing {request.pairing_hint}")
+    if request.numa == "single":
+        hints.append("numa single")
+    what = ", ".join(want) or "the request"
+    advice = "ask for fewer VFs or whole PFs per pod"
+    if hints:
+        what += f" ({', '.join(hints)})"
+        advice += f", or drop {' / '.join(h.split()[0] for h in hints)}"
+    return Refusal(
+        f"search budget spent: the allocator explored {limit:,} states for {what} without "
+        f"settling the best placement, and refuses rather than place it unproven; {advice}",
+        unresolvable=True, search_budget_spent=True)

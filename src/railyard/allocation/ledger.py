@@ -149,6 +149,29 @@ class Ledger:
             if self.used_memory[numa] + b > self._memory[numa]:
                 raise LedgerConflict(f"NUMA node {numa} on {node} lacks {b} bytes of memory")
 
+    def copy(self) -> Ledger:
+        """An independent plain Ledger holding the same: what a search reads while this one
+        may change (the extender searches in a worker thread; docs/decisions/0077). Shares
+        the topology's tables, which never change; copies only what is held."""
+        new = Ledger.__new__(Ledger)
+        new.topology = self.topology
+        new._allocations = dict(self._allocations)
+        new._holdings = dict(self._holdings)
+        new.used_gpus = set(self.used_gpus)
+        new.used_vfs = set(self.used_vfs)
+        new.used_pfs = set(self.used_pfs)
+        new.used_cpus = set(self.used_cpus)
+        new.used_memory = Counter(self.used_memory)
+        new._vfs_used_per_pf = Counter(self._vfs_used_per_pf)
+        new._pf_of_vf = self._pf_of_vf
+        new._gpus = self._gpus
+        new._pfs = self._pfs
+        new._numa_of_cpu = self._numa_of_cpu
+        new._cpus = self._cpus
+        new._memory = self._memory
+        new._signature = self._signature
+        return new
+
     # ------------------------------------------------------------------ queries
 
     def holder_of(self, pci_address: str) -> str | None:

@@ -17,6 +17,11 @@ the pairing (extra VFs, whole PFs, VF counts under shared pairing), enumerated i
 order so that the first of equal keys is the winner. Every bound is monotone: adding devices
 never lowers the worst or summed distance or the NUMA span, and never raises the aligned
 capacity kept. The tests prove the result against brute force.
+
+Some request shapes make the exact search large (many VFs beside whole PFs: the ways to
+spread the VFs over PFs multiply). A `Budget` bounds the states one decision explores and
+`SearchBudgetSpent` says so when it runs out: counted, not timed, so every replica and every
+memo reach the same answer (docs/decisions/0077).
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from itertools import combinations
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 from railyard.allocation.request import Request
 from railyard.allocation.shape import FreeState, NodeShape, PfMode
 from railyard.topology.model import Distance
 
 INF = 1 << 20
+INF_STATES = 1 << 62  # no budget
 _MISSING = object()
 _T = TypeVar("_T")
 
@@ -55,6 +61,40 @@ def ceil_div(a: int, b: int) -> int:
 
 class _Found(Exception):
     """Unwinds the search once any feasible choice is enough."""
+
+
+# The states one decision may explore: GPU sets, pairing prefixes, choices of whole PFs and
+# VF-count prefixes, each weighted by its work, over its search and the feasibility checks
+# that explain a no. The simulator's requests and the tests' stay under 1/50 of it, the
+# benchmark sweep's slowest (8 GPUs, 1 VF, 2 whole PFs on dgx-h100) under 1/4; a unit costs
+# about 1 µs, so a spent budget is about half a second (docs/decisions/0077).
+SEARCH_BUDGET = 500_000
+
+
+class Budget:
+    """The states a decision may explore, shared by the searches it runs, and how many it
+    has explored so far. `None` as a limit: no bound (tools and tests that want the exact
+    answer whatever it costs)."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int | None = SEARCH_BUDGET) -> None:
+        if limit is not None and limit < 0:
+            raise ValueError(f"a search budget is a count of states ≥ 0, got {limit}")
+        self.limit = limit
+        self.used = 0
+
+    @property
+    def left(self) -> int | None:
+        return None if self.limit is None else max(0, self.limit - self.used)
+
+
+class SearchBudgetSpent(Exception):
+    """The search explored its whole budget before it could prove an answer."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"search budget of {limit} states spent")
+        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +214,9 @@ class Search:
     """One minimisation of the key for one (shape, free state, request)."""
 
     def __init__(self, shape: NodeShape, free: FreeState, spec: Spec,
-                 any_feasible: bool = False) -> None:
+                 any_feasible: bool = False, budget: Budget | None = None) -> None:
         self.any_feasible = any_feasible  # stop at the first feasible choice (explanations)
+        self.budget = budget
         self.shape = shape
         self.free = free
         self.spec = spec
@@ -185,9 +226,13 @@ class Search:
         self.best_key: tuple[int, ...] | None = None
         self.best_tie: tuple | None = None
         self.best: tuple | None = None
-        # States explored (pairing and VF-count prefixes): what a budget on the search
-        # would count. For benchmarks and curiosity today.
+        # States explored (GPU sets, pairing prefixes, choices of whole PFs, VF-count
+        # prefixes), each weighted by its work (placements tried, passes over the PFs), so
+        # that a unit costs about the same whatever the shape; past `limit` the search stops
+        # at the next state (`spend`). One compare per state.
         self.explored = 0
+        left = budget.left if budget is not None else None
+        self.limit = left if left is not None else INF_STATES
         # The target of a GPU left unpaired: it sorts after every PF, so on ties the lower
         # GPUs get paired first.
         self.unpaired_target = (self.npf, _UNUSED)
@@ -300,6 +345,20 @@ class Search:
     # ------------------------------------------------------------------ level 1: GPU sets
 
     def run(self) -> Choice | None:
+        """The key's minimum, or None when nothing is feasible. Raises SearchBudgetSpent
+        when the budget runs out first; what was explored comes off the budget either way."""
+        try:
+            return self._run()
+        finally:
+            if self.budget is not None:
+                self.budget.used += self.explored
+
+    def spend(self) -> NoReturn:
+        """Called once `explored` passes `limit`: stop here, the same state every time."""
+        assert self.budget is not None and self.budget.limit is not None
+        raise SearchBudgetSpent(self.budget.limit)
+
+    def _run(self) -> Choice | None:
         sh, fr, sp = self.shape, self.free, self.spec
         k = sp.gpus
         free_gpus = _bits(fr.gpus)
@@ -335,6 +394,9 @@ class Search:
         pairs = sp.pairs
         candidates = []
         for gset in combinations(free_gpus, k):
+            self.explored += 1
+            if self.explored > self.limit:
+                self.spend()
             if pairs:
                 bests = sorted(self.best_of[i] for i in gset)
                 if bests[pairs - 1] >= INF:
@@ -408,6 +470,7 @@ class Search:
         worst, total, mask, gpus_after = p.worst, p.total, p.numa, p.gpus_after
         sp, fr = self.spec, self.free
         lo, hi, npf = sp.lo, sp.hi, self.npf
+        self.explored += npf  # its passes over the PFs
         rvf = fr.vfs
         tmin = [0] * npf
         tmax = [0] * npf
@@ -445,6 +508,9 @@ class Search:
                     need_closed |= 1 << j
         smin, smax_all = sum(tmin), sum(tmax)
         for wset in combinations(whole_cands, extra_whole):
+            self.explored += 1
+            if self.explored > self.limit:
+                self.spend()
             if not smin <= vfs <= smax_all - sum(tmax[j] for j in wset):
                 continue
             wnuma, wmask = need_numa, need_closed
@@ -463,6 +529,7 @@ class Search:
         of equal keys found is the lowest) once the pairing and the whole PFs are fixed."""
         gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
         sp, npf, rvf = self.spec, self.npf, self.free.vfs
+        self.explored += npf  # its passes over the PFs
         pf_numa = self.shape.pf_numa
         wmask_pf = sum(1 << j for j in wset)
         order = [j for j in range(npf)
@@ -493,6 +560,8 @@ class Search:
 
         def dfs(idx: int, rem: int, cmask: int, closed: int) -> None:
             self.explored += 1
+            if self.explored > self.limit:
+                self.spend()
             if idx == n:
                 s = self.span(cmask)
                 if s is None:
@@ -603,6 +672,8 @@ class _Pairing:
         """Search every completion of the prefix of `d` GPUs that can still win."""
         s = self.search
         s.explored += 1
+        if s.explored > s.limit:
+            s.spend()
         if self._loses(d) or self._dominated(d):
             return
         if d == len(self.gset):
@@ -615,6 +686,7 @@ class _Pairing:
                 # leaf is then usually uncrowded, which prunes the rest sooner.
                 loads = self.loads
                 offers = sorted(offers, key=lambda o: (o[0], loads[o[1]], o[1], o[2]))
+            s.explored += len(offers)  # each offer is a placement tried
             for dist, j, kind in offers:
                 undo = self._place(j, kind, dist)
                 if undo is not None:
@@ -729,6 +801,7 @@ class _Pairing:
         left = (sp.vfs - self.inst) + (sp.pfs - self.wholes)
         slots = left * hi
         rest = self.gset[d:]
+        s.explored += len(rest) * (len(spare) + 4)  # its work, in placements' worth
         near = []
         for i in rest:
             row = dist[i]
@@ -756,11 +829,16 @@ class _Pairing:
         return max(worst1, worst2), max(sum1, sum2)
 
 
-def search(shape: NodeShape, free: FreeState, request: Request) -> Choice | None:
-    """The key's minimum for `request` on this node, or None when nothing is feasible."""
-    return Search(shape, free, Spec.of(request)).run()
+def search(shape: NodeShape, free: FreeState, request: Request,
+           budget: Budget | None = None) -> Choice | None:
+    """The key's minimum for `request` on this node, or None when nothing is feasible.
+    Raises SearchBudgetSpent when `budget` runs out first (None: no bound)."""
+    return Search(shape, free, Spec.of(request), budget=budget).run()
 
 
-def feasible(shape: NodeShape, free: FreeState, request: Request) -> bool:
-    """Whether anything fits, without looking for the best."""
-    return Search(shape, free, Spec.of(request), any_feasible=True).run() is not None
+def feasible(shape: NodeShape, free: FreeState, request: Request,
+             budget: Budget | None = None) -> bool:
+    """Whether anything fits, without looking for the best. Raises SearchBudgetSpent when
+    `budget` runs out first (None: no bound)."""
+    return Search(shape, free, Spec.of(request), any_feasible=True,
+                  budget=budget).run() is not None

@@ -137,6 +137,9 @@ class Refusal:
     reason: str
     unresolvable: bool = False
     node_has: str | None = None  # set: the sentence goes on "but <node> has <node_has>"
+    # The search ran out of its budget before it could say: not a fact about the node, so
+    # no memo keeps it as the answer for the shape (docs/decisions/0077).
+    search_budget_spent: bool = False
     # The answer when it is the same for every node (no `node_has`), made once: a memoised
     # `allocate` that says no costs ~1 µs, and building a frozen dataclass costs as much.
     _anywhere: Infeasible | None = field(default=None, init=False, compare=False, repr=False)
