@@ -6,9 +6,12 @@ kube-scheduler is stopped while they are created), then the pods bound in each 1
 are counted, from a watch, until every pod is bound; the figures are the windows' median
 and the average over the whole drain. Per mode, the CPU-seconds each process spent (read
 from /proc before and after) divided by the pods bound — on a 2-core machine that measures
-contention as well as work. With the extender, the bind latency (the annotation patch and
-the Binding) is read from its own `railyard_extender_request_duration_seconds{verb="bind"}`
-histogram (a Prometheus histogram_quantile estimate), and its RSS at the end, when it
+contention as well as work; the CPU each process spends with the scheduler stopped (kwok's
+node leases above all: 1,000 nodes renew 25 a second) is measured first and taken off, as
+it grows with the drain's length, not with the pods. With the extender, the bind latency
+(one Binding carrying the Allocation) is read from its own
+`railyard_extender_request_duration_seconds{verb="bind"}` histogram (a Prometheus
+histogram_quantile estimate), and its RSS at the end, when it
 watches every node's CR and every pod.
 
 Each node is a `dgx-h100` with 8 VFs per PF (kwok's capacity: 8 GPUs, 64 VFs); the pods are
@@ -56,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # (weight, GPUs, VFs), as benchmarks/extender.py: 1/2/4/8 GPUs with as many VFs, VF-only pods.
 MIX = [(40, 1, 1), (20, 2, 2), (12, 4, 4), (13, 8, 8), (10, 0, 1), (5, 0, 2)]
 VFS_PER_PF = 8  # dgx-h100 has 8 RDMA PFs: 64 VFs, kwok's railyard.dev/vf capacity
+IDLE_SAMPLE_S = 10.0  # the background CPU rate is measured over this, scheduler stopped
 PROCESSES = ("kube-scheduler", "railyard-scheduler", "kube-apiserver", "etcd", "kwok")
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -130,6 +134,16 @@ async def api_requests(client: Client) -> dict[str, float]:
     return totals
 
 
+def failures(metrics: str) -> dict[str, float]:
+    """`railyard_extender_failures_total` by verb and reason."""
+    found = {}
+    for line in metrics.splitlines():
+        if line.startswith("railyard_extender_failures_total{"):
+            labels = line[line.index("{") + 1:line.rindex("}")]
+            found[labels.replace('"', "")] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
 def pod_shapes(count: int, seed: int) -> list[tuple[int, int, int]]:
     """The round's pods as (weight, GPUs, VFs) draws from MIX; the same in every round."""
     rng = random.Random(seed)
@@ -162,6 +176,7 @@ class Round(msgspec.Struct):
     average: float  # bound / seconds
     cpu: dict[str, float]  # CPU-seconds per bound pod, by process
     api_requests: dict[str, float] = {}  # API server requests per bound pod, by verb
+    extender_failures: dict[str, float] = {}  # the extender's failure counters' growth
     bind_p50_ms: float | None = None
     bind_p99_ms: float | None = None
 
@@ -221,8 +236,13 @@ class Bench:
             await asyncio.gather(*(create(i) for i in range(self.args.pods)))
             pods, version = await client.list(f"/api/v1/namespaces/{ns}/pods", Pod)
             assert not any(p.spec.node_name for p in pods)
+            idle = self.cpu()
+            await asyncio.sleep(IDLE_SAMPLE_S)  # kwok's node leases, the watches: background
             before_api = await api_requests(client)
             before_cpu = self.cpu()
+            background = {n: (before_cpu[n] - idle.get(n, 0.0)) / IDLE_SAMPLE_S
+                          for n in before_cpu}
+            t0 = time.monotonic()
             before_metrics = self.extender_metrics() if mode == "extender" else ""
             config = self.with_extender if mode == "extender" else self.plain
             watcher = asyncio.ensure_future(self.bound_times(client, ns, version))
@@ -233,6 +253,8 @@ class Bench:
                 times = []
                 say(f"{mode}: not every pod bound within {self.args.timeout:.0f} s")
             after_cpu = self.cpu()
+            wall = time.monotonic() - t0
+            after_cpu = {n: v - background.get(n, 0.0) * wall for n, v in after_cpu.items()}
             after_api = await api_requests(client)
             after_metrics = self.extender_metrics() if mode == "extender" else ""
             await client.delete(f"/api/v1/namespaces/{ns}")
@@ -322,6 +344,9 @@ class Bench:
             delta = [(le, c - b0.get(le, 0.0)) for le, c in bind_buckets(m1)]
             result.bind_p50_ms = round(histogram_quantile(0.5, delta) * 1000, 2)
             result.bind_p99_ms = round(histogram_quantile(0.99, delta) * 1000, 2)
+            f0 = failures(m0)
+            result.extender_failures = {k: v - f0.get(k, 0.0) for k, v in failures(m1).items()
+                                        if v > f0.get(k, 0.0)}
         say(f"{mode}: {bound} pods in {result.seconds} s, median {result.window_median}/s")
         return result
 
@@ -352,6 +377,8 @@ def table(rounds: list[Round], args: argparse.Namespace, extender_rss: tuple[flo
     for r in rounds:
         calls = ", ".join(f"{k} {v}" for k, v in r.api_requests.items())
         lines.append(f"- API server requests per bound pod, {r.mode}: {calls}")
+        if r.extender_failures:
+            lines.append(f"  - extender failures: {r.extender_failures}")
     plain = [r.window_median for r in rounds if r.mode == "plain"]
     ext = [r.window_median for r in rounds if r.mode == "extender"]
     if plain and ext:
