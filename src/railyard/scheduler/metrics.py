@@ -43,10 +43,18 @@ class Metrics:
             ["verb", "reason"], registry=self.registry)
         self.pods = Gauge("railyard_extender_bound_pods",
                           "Pods currently holding Railyard devices.", registry=self.registry)
+        self._shed = Counter(
+            "railyard_extender_shed_clients",
+            "Requests refused or connections closed because a client was too slow or sent "
+            "too much, by reason (header_timeout, body_timeout, body_too_large).",
+            ["reason"], registry=self.registry)
 
     def failure(self, verb: str, reason: str, count: int = 1) -> None:
         if count:
             self._failures.labels(verb, reason).inc(count)
+
+    def shed(self, reason: str) -> None:
+        self._shed.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,9 +1,12 @@
 """The kube-scheduler HTTP extender: filter, prioritize, bind, preempt, plus admin endpoints.
 
-Thin: decode the message (wire), ask the ClusterState, encode the answer. Everything runs
-on one asyncio loop; the state's work is synchronous and short, so a bind's allocate +
-ledger add is atomic with respect to other binds, and the only awaits are the writes
-(`ClusterWriter`), made after the devices are held and undone if they fail.
+Thin: decode the message (wire), ask the ClusterState, encode the answer. The asyncio loop
+reads requests and writes answers; what asks the allocator (filter, prioritize, preempt, a
+bind's allocation) runs in one worker thread, one call at a time, so a long search never
+stalls `/healthz` or the other requests (docs/decisions/0077). A bind's allocate + ledger add
+is atomic with respect to other binds (the state's node lock), and the only awaits besides the
+worker are the writes (`ClusterWriter`), made after the devices are held and undone if they
+fail. Slow or oversized requests are shed (`connections`).
 """
 
 from __future__ import annotations
@@ -11,15 +14,19 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
 from railyard.allocation.types import Infeasible
 from railyard.scheduler import metrics as m
 from railyard.scheduler.cluster_file import BoundPod, pod_to_json
+from railyard.scheduler.connections import GuardedSite, HttpLimits, read_body, refusals
 from railyard.scheduler.metrics import Metrics
 from railyard.scheduler.state import ClusterState
 from railyard.scheduler.state_file import StateFile
@@ -41,6 +48,8 @@ log = logging.getLogger("railyard.scheduler")
 
 DEFAULT_POD_CACHE = 10_000
 JSON = "application/json"
+LINGER_S = 1.0
+_T = TypeVar("_T")
 
 
 class ClusterWriter(Protocol):
@@ -70,18 +79,25 @@ class PodCache:
     def __init__(self, capacity: int = DEFAULT_POD_CACHE) -> None:
         self.capacity = capacity
         self._pods: OrderedDict[str, PodFacts] = OrderedDict()
+        self._lock = threading.Lock()  # the worker puts, the loop gets
 
     def put(self, facts: PodFacts) -> None:
-        self._pods[facts.uid] = facts
-        self._pods.move_to_end(facts.uid)
-        while len(self._pods) > self.capacity:
-            self._pods.popitem(last=False)
+        with self._lock:
+            self._pods[facts.uid] = facts
+            self._pods.move_to_end(facts.uid)
+            while len(self._pods) > self.capacity:
+                self._pods.popitem(last=False)
 
     def get(self, uid: str) -> PodFacts | None:
-        return self._pods.get(uid)
+        with self._lock:
+            return self._pods.get(uid)
 
     def __len__(self) -> int:
         return len(self._pods)
+
+
+def _search_worker() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="railyard-search")
 
 
 def _names(args: ExtenderArgs) -> list[str]:
@@ -110,8 +126,13 @@ class Extender:
 
     def __init__(self, state: ClusterState, writer: ClusterWriter | None = None, *,
                  state_file: StateFile | None = None, metrics: Metrics | None = None,
-                 pod_cache: int = DEFAULT_POD_CACHE, leader: Leadership | None = None) -> None:
+                 pod_cache: int = DEFAULT_POD_CACHE, leader: Leadership | None = None,
+                 limits: HttpLimits | None = None) -> None:
         self.state = state
+        self.limits = limits or HttpLimits()
+        # The one thread that asks the cluster state questions that search: one at a time,
+        # as on the loop before, so the allocator's memo is never written by two threads.
+        self._worker = _search_worker()
         self.leader = leader  # None: the only replica (cluster-file mode), always binds
         self.writer = writer
         self.state_file = state_file
@@ -126,7 +147,9 @@ class Extender:
         self.metrics.pods.set(len(state.pods()))
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)  # a NodeList of 5,000 nodes is large
+        app = web.Application(client_max_size=self.limits.max_body_bytes,
+                              middlewares=[refusals(self.metrics.shed)])
+        app.on_cleanup.append(self._stop_worker)
         app.router.add_post("/filter", self.filter)
         app.router.add_post("/prioritize", self.prioritize)
         app.router.add_post("/bind", self.bind)
@@ -137,16 +160,30 @@ class Extender:
         app.router.add_delete("/pods/{uid}", self.delete_pod)
         return app
 
+    async def _stop_worker(self, app: web.Application) -> None:
+        # A search in flight finishes within its budget; nothing waits for it. A fresh
+        # executor (its thread starts on first use) serves the extender if it is served again.
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self._worker = _search_worker()
+
+    async def _in_worker(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` in the worker thread; the loop goes on answering meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn, *args)
+
+    async def _body(self, request: web.Request) -> bytes:
+        return await read_body(request, self.limits)
+
     # ------------------------------------------------------------------ filter
 
     async def filter(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         try:
-            return self._filter(await request.read())
+            return await self._in_worker(self._filter, await self._body(request))
         finally:
             self.metrics.latency["filter"].observe(time.perf_counter() - t0)
 
     def _filter(self, body: bytes) -> web.Response:
+        """In the worker: decode, ask the state, encode (a NodeList answer is large)."""
         try:
             args = decode(body, ExtenderArgs)
             facts = pod_facts(args.Pod, self.pods.get)
@@ -178,20 +215,22 @@ class Extender:
     async def prioritize(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         try:
-            body = await request.read()
-            try:
-                args = decode(body, ExtenderArgs)
-                facts = pod_facts(args.Pod, self.pods.get)
-                names = _names(args)
-            except WireError as e:
-                # HostPriorityList has no Error field: say it with the status.
-                self.metrics.failure("prioritize", m.BAD_REQUEST)
-                return web.Response(status=400, text=str(e))
-            self.pods.put(facts)
-            scores = self.state.scores(facts.request, names, uid=facts.uid)
-            return _json(list(map(HostPriority, scores.keys(), scores.values())))
+            return await self._in_worker(self._prioritize, await self._body(request))
         finally:
             self.metrics.latency["prioritize"].observe(time.perf_counter() - t0)
+
+    def _prioritize(self, body: bytes) -> web.Response:
+        try:
+            args = decode(body, ExtenderArgs)
+            facts = pod_facts(args.Pod, self.pods.get)
+            names = _names(args)
+        except WireError as e:
+            # HostPriorityList has no Error field: say it with the status.
+            self.metrics.failure("prioritize", m.BAD_REQUEST)
+            return web.Response(status=400, text=str(e))
+        self.pods.put(facts)
+        scores = self.state.scores(facts.request, names, uid=facts.uid)
+        return _json(list(map(HostPriority, scores.keys(), scores.values())))
 
     # ------------------------------------------------------------------ bind
 
@@ -199,7 +238,7 @@ class Extender:
         t0 = time.perf_counter()
         try:
             try:
-                args = decode(await request.read(), ExtenderBindingArgs)
+                args = decode(await self._body(request), ExtenderBindingArgs)
             except WireError as e:
                 self.metrics.failure("bind", m.BAD_REQUEST)
                 return _json({"Error": str(e)})
@@ -267,8 +306,8 @@ class Extender:
             # None of our resources: only the Binding to create.
             pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, None)
             return await self._write(pod, who, rollback=False)
-        result = self.state.bind(args.PodUID, args.PodNamespace, args.PodName, args.Node,
-                                 facts.request)
+        result = await self._in_worker(self.state.bind, args.PodUID, args.PodNamespace,
+                                       args.PodName, args.Node, facts.request)
         if isinstance(result, Infeasible):
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"
@@ -297,37 +336,43 @@ class Extender:
     async def preempt(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         try:
-            try:
-                args = decode(await request.read(), ExtenderPreemptionArgs)
-                facts = pod_facts(args.Pod, self.pods.get)
-                candidates: dict[str, tuple[list[str], int]] = {}
-                if args.NodeNameToMetaVictims is not None:
-                    for node, v in args.NodeNameToMetaVictims.items():
-                        candidates[node] = ([p.UID for p in v.Pods or []], v.NumPDBViolations)
-                elif args.NodeNameToVictims is not None:
-                    for node, vv in args.NodeNameToVictims.items():
-                        uids = victim_uids(vv, f"NodeNameToVictims[{node}]")
-                        candidates[node] = (uids, vv.NumPDBViolations)
-            except WireError as e:
-                # ExtenderPreemptionResult has no Error field: say it with the status.
-                self.metrics.failure("preempt", m.BAD_REQUEST)
-                return web.Response(status=400, text=str(e))
-            self.pods.put(facts)
-            # Per node: kube-scheduler's list whole, or the node left out. kube-scheduler
-            # fails the whole preemption on a node answered with no victims ("expected at
-            # least one victim pod on node"), and needs every pod it listed for its own
-            # filters (docs/decisions/0026). The set is its own, so is its PDB count.
-            out: dict[str, Any] = {}
-            for node, (uids, pdb) in candidates.items():
-                if not uids:
-                    continue
-                if facts.request.wants_devices and self.state.victims(
-                        facts.request, node, uids) is None:
-                    continue  # evicting them all still leaves no room for the devices
-                out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
-            return _json({"NodeNameToMetaVictims": out})
+            return await self._in_worker(self._preempt, await self._body(request))
         finally:
             self.metrics.latency["preempt"].observe(time.perf_counter() - t0)
+
+    def _preempt(self, body: bytes) -> web.Response:
+        try:
+            args = decode(body, ExtenderPreemptionArgs)
+            facts = pod_facts(args.Pod, self.pods.get)
+            candidates: dict[str, tuple[list[str], int]] = {}
+            if args.NodeNameToMetaVictims is not None:
+                for node, v in args.NodeNameToMetaVictims.items():
+                    candidates[node] = ([p.UID for p in v.Pods or []], v.NumPDBViolations)
+            elif args.NodeNameToVictims is not None:
+                for node, vv in args.NodeNameToVictims.items():
+                    uids = victim_uids(vv, f"NodeNameToVictims[{node}]")
+                    candidates[node] = (uids, vv.NumPDBViolations)
+        except WireError as e:
+            # ExtenderPreemptionResult has no Error field: say it with the status.
+            self.metrics.failure("preempt", m.BAD_REQUEST)
+            return web.Response(status=400, text=str(e))
+        self.pods.put(facts)
+        # Per node: kube-scheduler's list whole, or the node left out. kube-scheduler
+        # fails the whole preemption on a node answered with no victims ("expected at
+        # least one victim pod on node"), and needs every pod it listed for its own
+        # filters (docs/decisions/0026). The set is its own, so is its PDB count.
+        out: dict[str, Any] = {}
+        mark = self.state.search_mark()
+        for node, (uids, pdb) in candidates.items():
+            if not uids:
+                continue
+            if facts.request.wants_devices:
+                if self.state.over_budget(mark):
+                    continue  # not decided within the call's budget: no eviction there
+                if self.state.victims(facts.request, node, uids) is None:
+                    continue  # evicting them all still leaves no room for the devices
+            out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": pdb}
+        return _json({"NodeNameToMetaVictims": out})
 
     # ------------------------------------------------------------------ admin
 
@@ -396,10 +441,17 @@ def _freeze_after_full_collection(phase: str, info: dict[str, int]) -> None:
 
 
 async def start(extender: Extender, host: str, port: int) -> web.AppRunner:
-    """Serve `extender` on host:port (port 0: any free port); stop with `runner.cleanup()`."""
-    runner = web.AppRunner(extender.app(), access_log=None)  # a log line per call costs
+    """Serve `extender` on host:port (port 0: any free port); stop with `runner.cleanup()`.
+    Each connection is held to `extender.limits` (`connections.Guard`)."""
+    limits = extender.limits
+    runner = web.AppRunner(extender.app(), access_log=None,  # a log line per call costs
+                           keepalive_timeout=limits.idle_timeout_s,
+                           # After refusing a body, read what is still coming for at most
+                           # this long (so the client sees the answer, not a reset), then
+                           # close: aiohttp's default, 10 s, would hold a slow client on.
+                           lingering_time=LINGER_S)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, reuse_address=True)
+    site = GuardedSite(runner, host, port, limits, extender.metrics.shed)
     await site.start()
     return runner
 

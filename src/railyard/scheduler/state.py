@@ -4,6 +4,11 @@ The extender and the simulator share it. Questions about many nodes (filter, sco
 answered per *group* of nodes with the same hardware shape and the same free state, so the
 cost of a filter over 5,000 names is a few dictionary lookups per name plus one allocator
 call per distinct group. Changes (bind, release) take the node's lock.
+
+Searches run outside every lock, on a copy of the node's ledger: the extender asks from a
+worker thread while its event loop releases and restores pods, and a search may take its
+whole budget (docs/decisions/0077). A bind holds the devices only if the node did not change
+while it searched; otherwise it searches again.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import operator
 import threading
 import weakref
 from collections.abc import Callable, Hashable, Iterable
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +27,7 @@ from typing import Protocol, cast
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
+from railyard.allocation.search import SEARCH_BUDGET
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Refusal
 from railyard.records.allocation import format_decided_at
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
@@ -28,6 +35,15 @@ from railyard.topology.model import NodeTopology
 
 # Answers kept per group; a group sees few request shapes, so this is rarely reached.
 _ANSWERS_PER_GROUP = 256
+# Searches one bind makes when the node keeps changing under it (pods released by the
+# event loop meanwhile); then kube-scheduler hears an error and retries the pod.
+_BIND_TRIES = 3
+# What one question about many nodes (filter, scores, a preemption's victims) may explore in
+# all, over the groups it decides: two decisions' budgets. Each group has its own decision,
+# so without it a pod whose shape spends the budget would cost that once per group, in one
+# call. Groups left once it is spent are answered "not decided" (never kept); the next call
+# goes on from what the memo holds by then.
+CALL_BUDGET = 2 * SEARCH_BUDGET
 
 
 class NodeAllocator(Protocol):
@@ -41,6 +57,9 @@ class NodeAllocator(Protocol):
     def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> Hashable:
         """Equal keys ⇒ equal answers (the empty ledger: None); element 0 names the shape."""
         ...
+
+    # Optional: `explored`, the states searched so far (Allocator has it); an allocator
+    # without it is never held to `ClusterState.call_budget`.
 
 
 @dataclass(slots=True)
@@ -103,18 +122,24 @@ class _TrackedLedger(Ledger):
     def __init__(self, topology: NodeTopology, holders: Iterable[tuple[str, Allocation]] = (),
                  on_change: Callable[[], None] | None = None) -> None:
         self._on_change: Callable[[], None] | None = None
+        # Changes so far: a bind that searched on a copy holds its devices only when this
+        # is still what it was when the copy was taken.
+        self.changes = 0
         super().__init__(topology, holders)
         self._on_change = on_change
 
     def add(self, holder: str, alloc: Allocation) -> None:
         super().add(holder, alloc)
+        self.changes += 1
         if self._on_change is not None:
             self._on_change()
 
     def remove(self, holder: str) -> Allocation | None:
         alloc = super().remove(holder)
-        if alloc is not None and self._on_change is not None:
-            self._on_change()
+        if alloc is not None:
+            self.changes += 1
+            if self._on_change is not None:
+                self._on_change()
         return alloc
 
 
@@ -159,11 +184,16 @@ class ClusterState:
     """Node topologies + one Ledger per node + the pods bound so far."""
 
     def __init__(self, topologies: Iterable[NodeTopology],
-                 allocator: NodeAllocator | None = None) -> None:
+                 allocator: NodeAllocator | None = None, *,
+                 call_budget: int | None = CALL_BUDGET) -> None:
         self.allocator = allocator if allocator is not None else Allocator()
+        self.call_budget = call_budget  # None: a call decides every group it names
         self._nodes: dict[str, _Node] = {}
         self._groups: weakref.WeakValueDictionary[Hashable, _Group] = (
             weakref.WeakValueDictionary())
+        # Nodes regroup under their own locks, from the worker and the event loop alike:
+        # two of them must not each make a group of one key.
+        self._groups_lock = threading.Lock()
         # The empty node of each shape answers for every idle node of that shape; its
         # ledger is never changed. By empty group.
         self._blank: dict[_Group, Ledger] = {}
@@ -265,7 +295,7 @@ class ClusterState:
     def pod(self, uid: str) -> BoundPod | None:
         return self._pods.get(uid)
 
-    def _ledger(self, node: _Node) -> Ledger:
+    def _ledger(self, node: _Node) -> _TrackedLedger:
         if node.ledger is None:
             node.ledger = self._new_ledger(node)
         return node.ledger
@@ -275,10 +305,11 @@ class ClusterState:
         return _TrackedLedger(node.topology, holders, lambda: self._regroup(node))
 
     def _intern(self, key: Hashable) -> _Group:
-        g = self._groups.get(key)
-        if g is None:
-            g = self._groups[key] = _Group(key)
-        return g
+        with self._groups_lock:
+            g = self._groups.get(key)
+            if g is None:
+                g = self._groups[key] = _Group(key)
+            return g
 
     def _regroup(self, node: _Node) -> None:
         """The node's ledger changed: move it to the group of its new free state. Runs
@@ -309,18 +340,23 @@ class ClusterState:
         if g is empty:
             return self._ask(g, self._blank[empty], topology, request, shape, score)
         free_gpus = 0  # set below whenever the node has not moved, the only case that reads it
+        view: Ledger | None = None
         with node.lock:
             ledger = node.ledger
             moved = ledger is None or self._group_of_name.get(member) is not g
             if ledger is not None and not moved:
                 free_gpus = len(topology.gpus) - len(ledger.used_gpus)
                 if request.gpus <= free_gpus:
-                    return self._ask(g, ledger, topology, request, shape, score)
+                    view = ledger.copy()  # the node as it is in `g`, searched outside the lock
+        if view is not None:
+            return self._ask(g, view, topology, request, shape, score)
         if moved:  # another thread changed the node meanwhile: answer, keep nothing here
             return self._answer(self._group_of_name[member], member, request, shape, score)
         # Too few GPUs left, whatever the topology: no search needed. Whether the node could
         # ever host the pod is the empty node's answer (asked once per shape).
         never = self._answer(empty, member, request, shape, score=False).refusal
+        if never is not None and never.search_budget_spent:
+            never = None  # not known for the empty node; what is known here is the count
         if score:
             return self._keep(g, shape, score=0)
         return self._keep(g, shape, fits=False, refusal=never or Refusal(
@@ -330,6 +366,10 @@ class ClusterState:
              shape: tuple, score: bool) -> _Answer:
         if score:
             value = max(0, min(10, int(self.allocator.node_score(topology, ledger, request))))
+            if value == 0:
+                # 0 is also what a search that spent its budget scores, which is not the
+                # group's answer: ask the allocator again (its own memo answers at once).
+                return _Answer(score=0)
             return self._keep(g, shape, score=value)
         result = self.allocator.allocate(topology, ledger, request)
         if not isinstance(result, Infeasible):
@@ -337,6 +377,8 @@ class ClusterState:
         # The allocator's own refusal names no node. An Infeasible without one (another
         # allocator) is kept as it was said about `topology`'s node.
         refusal = result.refusal or Refusal(result.reason, result.unresolvable)
+        if refusal.search_budget_spent:
+            return _Answer(fits=False, refusal=refusal)  # not the group's answer: not kept
         return self._keep(g, shape, fits=False, refusal=refusal)
 
     @staticmethod
@@ -356,6 +398,20 @@ class ClusterState:
         return answer
 
     # ------------------------------------------------------------------ questions
+
+    def search_mark(self) -> int:
+        """The states the allocator has explored so far: a call's start, for `over_budget`."""
+        return int(getattr(self.allocator, "explored", 0))
+
+    def over_budget(self, mark: int) -> bool:
+        """Whether the call that started at `mark` has explored its `call_budget`."""
+        return self.call_budget is not None and self.search_mark() - mark >= self.call_budget
+
+    def _deferred(self) -> Refusal:
+        return Refusal(
+            f"not decided: this call's search budget ({self.call_budget:,} states) went to "
+            f"other nodes; kube-scheduler will ask again", unresolvable=True,
+            search_budget_spent=True)
 
     def filter(self, request: Request, node_names: Iterable[str], *,
                uid: str | None = None) -> FilterOutcome:
@@ -381,9 +437,13 @@ class ClusterState:
         of_name, some_member = self._grouped(names)
         # Per group, why the pod does not fit; None: it fits.
         shape = request.shape
-        refusals: dict[_Group | None, Refusal | None] = {
-            g: self._answer(g, member, request, shape, score=False).refusal
-            for g, member in some_member.items()}
+        mark = self.search_mark()
+        refusals: dict[_Group | None, Refusal | None] = {}
+        for g, member in some_member.items():
+            if self.over_budget(mark):
+                refusals[g] = self._deferred()
+            else:
+                refusals[g] = self._answer(g, member, request, shape, score=False).refusal
         if None in of_name:
             refusals[None] = _UNKNOWN
         # Answer in the caller's order (kube-scheduler does not care, people reading do),
@@ -417,7 +477,11 @@ class ClusterState:
         of_name, some_member = self._grouped(names)
         shape = request.shape
         score: dict[_Group | None, int] = {None: 0}
+        mark = self.search_mark()
         for g, member in some_member.items():
+            if self.over_budget(mark):
+                score[g] = 0  # not decided in this call
+                continue
             value = self._answer(g, member, request, shape, score=True).score
             assert value is not None
             score[g] = value
@@ -434,28 +498,39 @@ class ClusterState:
         n = self._nodes.get(node)
         if n is None:
             return Infeasible(unknown_node_reason(node), unresolvable=True)
-        with n.lock:
-            held = self._pods.get(uid)
-            if held is not None:
-                if held.node == node and held.allocation is not None:
-                    return held.allocation
-                return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to "
-                                  f"{held.node!r}", unresolvable=True)
-            ledger = self._ledger(n)
-            result = self.allocator.allocate(n.topology, ledger, request)
+        who = f"pod {namespace}/{name} ({uid})"
+        for _ in range(_BIND_TRIES):
+            with n.lock:
+                held = self._pods.get(uid)
+                if held is not None:
+                    if held.node == node and held.allocation is not None:
+                        return held.allocation
+                    return Infeasible(f"{who} is already bound to {held.node!r}",
+                                      unresolvable=True)
+                ledger = self._ledger(n)
+                changes = ledger.changes
+                view = ledger.copy()
+            # Outside the lock: the event loop takes it to release pods, and must not wait
+            # for a search.
+            result = self.allocator.allocate(n.topology, view, request)
             if isinstance(result, Infeasible):
                 return result
-            alloc = result.stamped("scheduler", decided_at or now_rfc3339())
-            with self._pods_lock:
-                if uid in self._pods:  # the same UID raced onto another node
-                    return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to "
-                                      f"{self._pods[uid].node!r}", unresolvable=True)
-                try:
-                    ledger.add(uid, alloc)
-                except LedgerConflict as e:  # an allocator bug; never a double allocation
-                    return Infeasible(f"allocation conflicts with the ledger: {e}")
-                self._pods[uid] = BoundPod(namespace, name, uid, node, alloc)
-            return alloc
+            with n.lock:
+                if n.ledger is not ledger or ledger.changes != changes:
+                    continue  # the node changed while we searched: decide on what it is now
+                alloc = result.stamped("scheduler", decided_at or now_rfc3339())
+                with self._pods_lock:
+                    if uid in self._pods:  # the same UID raced onto another node
+                        return Infeasible(f"{who} is already bound to "
+                                          f"{self._pods[uid].node!r}", unresolvable=True)
+                    try:
+                        ledger.add(uid, alloc)
+                    except LedgerConflict as e:  # an allocator bug; never a double allocation
+                        return Infeasible(f"allocation conflicts with the ledger: {e}")
+                    self._pods[uid] = BoundPod(namespace, name, uid, node, alloc)
+                return alloc
+        return Infeasible(f"node {node!r} changed during each of {_BIND_TRIES} searches for "
+                          f"{who}; kube-scheduler will retry")
 
     def release(self, uid: str) -> BoundPod | None:
         """Free what `uid` holds; None when it holds nothing (release is idempotent)."""
@@ -479,37 +554,44 @@ class ClusterState:
         Raises ClusterFileError naming the pod.
         """
         pods = list(pods)
-        fresh: dict[str, _TrackedLedger] = {}
-        seen: set[str] = set()
         for p in pods:
-            where = f"pod {p.namespace}/{p.name} ({p.uid})"
-            n = self._nodes.get(p.node)
-            if n is None:
-                raise ClusterFileError(where, f"unknown node {p.node!r}")
-            if p.uid in seen or p.uid in self._pods:
-                raise ClusterFileError(where, "uid recorded twice")
-            seen.add(p.uid)
-            if p.allocation is None:
-                continue
-            ledger = fresh.get(p.node)
-            if ledger is None:
-                current = [(h, a) for h, a in (n.ledger.holders() if n.ledger is not None else ())
-                           if h != UNHEALTHY_HOLDER]  # held again below, around the pods
-                ledger = fresh[p.node] = self._new_ledger(n, current)
-            try:
-                ledger.add(p.uid, p.allocation)
-            except LedgerConflict as e:
-                raise ClusterFileError(where, str(e)) from None
-        for name, ledger in fresh.items():
-            n = self._nodes[name]
-            with n.lock:
+            if p.node not in self._nodes:
+                raise ClusterFileError(f"pod {p.namespace}/{p.name} ({p.uid})",
+                                       f"unknown node {p.node!r}")
+        # The nodes' locks, in name order (nobody else takes two), for the whole rebuild: a
+        # bind committing from the worker thread meanwhile must not be lost by the swap.
+        with ExitStack() as locked:
+            for name in sorted({p.node for p in pods if p.allocation is not None}):
+                locked.enter_context(self._nodes[name].lock)
+            fresh: dict[str, _TrackedLedger] = {}
+            seen: set[str] = set()
+            for p in pods:
+                where = f"pod {p.namespace}/{p.name} ({p.uid})"
+                n = self._nodes[p.node]
+                if p.uid in seen or p.uid in self._pods:
+                    raise ClusterFileError(where, "uid recorded twice")
+                seen.add(p.uid)
+                if p.allocation is None:
+                    continue
+                ledger = fresh.get(p.node)
+                if ledger is None:
+                    current = [(h, a) for h, a in
+                               (n.ledger.holders() if n.ledger is not None else ())
+                               if h != UNHEALTHY_HOLDER]  # held again below, around the pods
+                    ledger = fresh[p.node] = self._new_ledger(n, current)
+                try:
+                    ledger.add(p.uid, p.allocation)
+                except LedgerConflict as e:
+                    raise ClusterFileError(where, str(e)) from None
+            for name, ledger in fresh.items():
+                n = self._nodes[name]
                 n.ledger = ledger
                 self._hold_unhealthy(n)
                 self._regroup(n)
-        with self._pods_lock:
-            for p in pods:
-                if p.allocation is not None:
-                    self._pods[p.uid] = p
+            with self._pods_lock:
+                for p in pods:
+                    if p.allocation is not None:
+                        self._pods[p.uid] = p
 
     # ------------------------------------------------------------------ preemption
 

@@ -20,12 +20,20 @@ class WireError(ValueError):
     """A request kube-scheduler (or someone) sent that we cannot use; message names the field."""
 
 
+# The most nodes one call may name: kube-scheduler supports clusters of 5,000 nodes and sends
+# at most the nodes its own filters passed (by default a share of them); 15,000 is the
+# largest cluster offered anywhere. Each name costs work and a line of the answer, so a
+# longer list is refused before any (docs/decisions/0078).
+MAX_NODE_NAMES = 15_000
+NodeNames = Annotated[list[str], msgspec.Meta(max_length=MAX_NODE_NAMES)]
+
+
 class ExtenderArgs(msgspec.Struct):
     """filter and prioritize: `Nodes` (a v1 NodeList) or `NodeNames`, the other one null."""
 
     Pod: dict[str, Any] | None = None
     Nodes: dict[str, Any] | None = None
-    NodeNames: list[str] | None = None
+    NodeNames: NodeNames | None = None
 
 
 class ExtenderBindingArgs(msgspec.Struct):
@@ -55,8 +63,10 @@ class Victims(msgspec.Struct):
 
 class ExtenderPreemptionArgs(msgspec.Struct):
     Pod: dict[str, Any] | None = None
-    NodeNameToVictims: dict[str, Victims] | None = None
-    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+    NodeNameToVictims: Annotated[dict[str, Victims],
+                                 msgspec.Meta(max_length=MAX_NODE_NAMES)] | None = None
+    NodeNameToMetaVictims: Annotated[dict[str, MetaVictims],
+                                     msgspec.Meta(max_length=MAX_NODE_NAMES)] | None = None
 
 
 T = TypeVar("T")
@@ -164,6 +174,9 @@ def node_list_names(nodes: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(items, list):
         raise WireError("Nodes.items: expected a list")
+    if len(items) > MAX_NODE_NAMES:
+        raise WireError(f"Nodes.items: {len(items)} nodes, more than the {MAX_NODE_NAMES} "
+                        f"one call may name")
     names = []
     for i, item in enumerate(items):
         meta = item.get("metadata") if isinstance(item, dict) else None
