@@ -323,7 +323,8 @@ class Agent:
         except Exception as e:  # kubelet without the socket, or restarting
             log.info("PodResources unavailable (%s); not verified", e)
             return []
-        return self.admission.check(assigned)
+        # In a worker thread: it waits for a GetPreferredAllocation that is searching.
+        return await asyncio.to_thread(self.admission.check, assigned)
 
     # ------------------------------------------------------------------ forgetting
 

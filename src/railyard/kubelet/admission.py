@@ -13,11 +13,16 @@ in the state store, and consumption is noted per (pod, container, resource) as i
 What an `Allocate` decides about the record is `decision.decide_allocate`, a pure function;
 here are the inputs it needs (the pod, its record, a plan for a pod without one), the store
 write, and the grant built from its answer.
+
+Planning a pod without a record runs the allocator's search (up to its budget, about half a
+second; docs/decisions/0077), so `preferred` is called from a worker thread; `preferred`,
+`allocate` and `check` take one lock, so they still decide one at a time.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -92,6 +97,9 @@ class Admission:
         self.devices = NodeDevices(topology, self.index, names, self.served)
         # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
         self._hint: dict[str, tuple[str, str, frozenset[str]]] = {}
+        # One decision at a time: `preferred` runs in a worker thread, `allocate` and `check`
+        # wherever they are called; all three read and write the records and `_hint`.
+        self._deciding = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
 
@@ -125,6 +133,11 @@ class Admission:
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]:
+        with self._deciding:
+            return self._preferred(resource, available, must_include, size)
+
+    def _preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
+                   size: int) -> list[str]:
         kind = kind_of(self.names, resource)
         records = self._records()
         cands = candidates(self.pods.pods(), records, self.node, self.names, resource, size,
@@ -291,6 +304,10 @@ class Admission:
     # ------------------------------------------------------------------ allocate
 
     def allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant:
+        with self._deciding:
+            return self._allocate(resource, device_ids)
+
+    def _allocate(self, resource: str, device_ids: Sequence[str]) -> ContainerGrant:
         kind = kind_of(self.names, resource)
         ids = list(dict.fromkeys(device_ids))
         records = self._records()
@@ -364,6 +381,10 @@ class Admission:
 
     def check(self, assigned: Iterable[AssignedPod]) -> list[str]:
         """Make the store agree with PodResources; returns the warnings it logged."""
+        with self._deciding:
+            return self._check(assigned)
+
+    def _check(self, assigned: Iterable[AssignedPod]) -> list[str]:
         warnings: list[str] = []
         by_name = {(p.namespace, p.name): p for p in self.pods.pods()}
         records = self._records()

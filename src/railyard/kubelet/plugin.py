@@ -41,7 +41,8 @@ class PluginError(Exception):
 
 
 class AdmissionHandler(Protocol):
-    """What the plugin asks of the agent; called on the event loop, must not block long."""
+    """What the plugin asks of the agent. `allocate` is called on the event loop and must not
+    block long; `preferred` from a worker thread (it may search)."""
 
     def preferred(self, resource: str, available: Sequence[str], must_include: Sequence[str],
                   size: int) -> list[str]: ...
@@ -142,8 +143,12 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
         for c in request.container_requests:
             try:
                 await self.handler.catch_up(self.resource, c.allocation_size)
-                ids = self.handler.preferred(self.resource, list(c.available_deviceIDs),
-                                             list(c.must_include_deviceIDs), c.allocation_size)
+                # In a worker thread: planning a pod without a record searches, up to the
+                # allocator's budget (docs/decisions/0077); the loop goes on serving the
+                # other plugins, ListAndWatch and registration meanwhile.
+                ids = await asyncio.to_thread(
+                    self.handler.preferred, self.resource, list(c.available_deviceIDs),
+                    list(c.must_include_deviceIDs), c.allocation_size)
             except Exception:  # advisory: never fail admission over a preference
                 log.exception("%s: GetPreferredAllocation failed; no preference given",
                               self.resource)
