@@ -13,9 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -23,6 +21,8 @@ import msgspec
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
 from railyard.kube.client import Client
+from railyard.kube.events import MAX_PENDING_EVENTS as MAX_PENDING_EVENTS  # its old home
+from railyard.kube.events import EventSender, event_body, event_time
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
 from railyard.records.allocation import RecordError, decode_allocation, encode_allocation
@@ -43,9 +43,6 @@ TOPOLOGIES = f"/apis/{API_VERSION}/{PLURAL}"
 PODS = "/api/v1/pods"
 FINISHED = frozenset(("Succeeded", "Failed"))  # a finished pod's devices are free again
 COMPONENT = "railyard-scheduler"
-# Events being sent at once; past this a new one is dropped (and counted): Events are
-# notes for people, and must not queue ahead of binds for the client's QPS.
-MAX_PENDING_EVENTS = 256
 _NO_SPEC = msgspec.Raw(b"null")
 
 
@@ -242,10 +239,6 @@ class ClusterSync:
             self.on_pods_changed()
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def pairs_text(alloc: Allocation) -> str:
     """`GPU 0 (0000:19:00.0) ↔ 0000:1a:00.2 (ib0v0, PIX)`, one per pair, then unpaired."""
     parts = [f"GPU {p.gpu.index} ({p.gpu.pci_address}) ↔ {p.nic.pci_address} "
@@ -274,8 +267,8 @@ class PodBinder:
         # leader that could not renew writes nothing more.
         self.fence = fence
         self.instance = os.uname().nodename
-        self._events: set[asyncio.Task[None]] = set()
-        self.dropped_events = 0
+        # Bounded (MAX_PENDING_EVENTS): Events must not queue ahead of binds for the QPS.
+        self.events = EventSender(client)
 
     async def bind(self, pod: BoundPod) -> None:
         if self.fence is not None and not self.fence():
@@ -300,37 +293,21 @@ class PodBinder:
             self._event(pod, "Allocated",
                         f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
 
+    @property
+    def _events(self) -> set[asyncio.Task[None]]:
+        return self.events.pending
+
+    @property
+    def dropped_events(self) -> int:
+        return self.events.dropped
+
     def _event(self, pod: BoundPod, reason: str, message: str) -> None:
         """An Event on the pod, written off the bind's path: losing one loses no record."""
-        if len(self._events) >= MAX_PENDING_EVENTS:
-            self.dropped_events += 1
-            if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
-                log.warning("%d Event(s) dropped: %d already being sent", self.dropped_events,
-                            MAX_PENDING_EVENTS)
-            return
-        now = _now()
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{pod.name}.{uuid.uuid4().hex[:16]}",
-                         "namespace": pod.namespace},
-            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
-                               "name": pod.name, "uid": pod.uid},
-            "reason": reason, "message": message[:1024], "type": "Normal",
-            "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance, "firstTimestamp": now, "lastTimestamp": now,
-            "count": 1,
-        }
-
-        async def send() -> None:
-            try:
-                await self.client.create(f"/api/v1/namespaces/{pod.namespace}/events", body,
-                                         msgspec.Raw)
-            except Exception as e:
-                log.warning("event on pod %s/%s: %s", pod.namespace, pod.name, e)
-
-        task = asyncio.ensure_future(send())
-        self._events.add(task)
-        task.add_done_callback(self._events.discard)
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                    "name": pod.name, "uid": pod.uid}
+        self.events.send(event_body(involved, pod.namespace, reason, message,
+                                    component=COMPONENT, instance=self.instance,
+                                    now=event_time()))
 
 
 class ApiCluster:
