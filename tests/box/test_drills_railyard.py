@@ -10,7 +10,7 @@ import os
 import signal
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -112,6 +112,18 @@ def events(box, ns: str, name: str, reason: str) -> str:
     return " ".join(e["message"] for e in listed["items"] if e["reason"] == reason)
 
 
+def node_events(box) -> list[dict]:
+    """The Node's Events: the agent writes them in `default`, as kubelet does."""
+    return get(box, "events", "-n", "default", "--field-selector",
+               f"involvedObject.kind=Node,involvedObject.name={kubebox.NODE_NAME}")["items"]
+
+
+def node_told(box, reason: str, before: Collection[str]) -> str:
+    """The messages of the Node's Events with `reason`, but those named in `before`."""
+    return " ".join(e["message"] for e in node_events(box)
+                    if e["reason"] == reason and e["metadata"]["name"] not in before)
+
+
 def agent_serving(box) -> bool:
     """The agent's CNI socket is back and kubelet sees its devices again."""
     allocatable = get(box, "node", kubebox.NODE_NAME)["status"].get("allocatable", {})
@@ -186,8 +198,11 @@ def test_extender_killed_and_restarted_keeps_holdings_and_never_holds_a_device_t
 
 def test_a_pf_link_down_marks_its_vfs_unhealthy_and_new_pods_go_elsewhere(railyard_box, ns):
     """Both halves of a link-down: the tree's `operstate` the agent reads, and the stand-in
-    link itself. One PF carries the running pod's first VF, another is free."""
+    link itself. One PF carries the running pod's first VF, another is free. The agent tells
+    it on the Node: a RailyardDeviceUnhealthy Event naming the PFs and their VFs, and
+    RailyardDeviceHealthy once the links are back."""
     box = railyard_box
+    before = {e["metadata"]["name"] for e in node_events(box)}
     apply(box, ns, sleeping("first", gpus=2, vfs=2))
     running(box, ns, "first")
     held = allocation_of(box, ns, "first")
@@ -214,6 +229,17 @@ def test_a_pf_link_down_marks_its_vfs_unhealthy_and_new_pods_go_elsewhere(railya
         ).get("health") == "Degraded" and s, timeout=60)
         unhealthy = {d["pciAddress"] for d in status["unhealthyDevices"]}
         assert unhealthy >= lost | set(down), unhealthy
+        # The Node's Events name both PFs and all their VFs, the pod's among them.
+        named = [f"PF {pf}" for pf in down] + [f"VF {v['pciAddress']}" for pf in down
+                                               for v in nics[pf]["vfs"]]
+        told = wait_for("the link-down in the Node's events", lambda: (
+            m := node_told(box, "RailyardDeviceUnhealthy", before)) and all(
+                n in m for n in named) and m, timeout=60)
+        assert "link is down" in told, told
+        node_uid = get(box, "node", kubebox.NODE_NAME)["metadata"]["uid"]
+        for e in node_events(box):
+            if e["reason"] == "RailyardDeviceUnhealthy" and e["metadata"]["name"] not in before:
+                assert e["type"] == "Warning" and e["involvedObject"]["uid"] == node_uid, e
         # kubelet counts healthy VFs, held or not: the two PFs' four VFs are out.
         wait_for("kubelet to count the VFs out", lambda: int(get(
             box, "node", kubebox.NODE_NAME)["status"]["allocatable"]["railyard.dev/vf"]) == 16 - 4,
@@ -239,6 +265,11 @@ def test_a_pf_link_down_marks_its_vfs_unhealthy_and_new_pods_go_elsewhere(railya
     wait_for("the links back up in the NodeTopology", lambda: (get(
         box, "nodetopologies", kubebox.NODE_NAME).get("status") or {}).get("health") == "Healthy",
         timeout=60)
+    # A device's Event is at most one per 30 s (kubelet.health_events): the recovery may wait
+    # out what is left of the link-down's quiet time.
+    wait_for("the links back up in the Node's events", lambda: (
+        m := node_told(box, "RailyardDeviceHealthy", before)) and all(
+            n in m for n in named), timeout=90)
 
 
 def test_a_four_by_four_pod_and_a_vf_only_pod_share_the_node(railyard_box, ns):

@@ -8,7 +8,8 @@ against PodResources, and forgets records of pods that are gone. Tests drive it 
 
 In cluster mode (a `kube` client, decision 0072) the pods come from the API server
 (`kubelet.apipods`), the node's NodeTopology is published at start and whenever its status
-changes, and node-decided records are written back to their pods (`kubelet.writeback`).
+changes, node-decided records are written back to their pods (`kubelet.writeback`), and
+device health changes become Events on the Node (`kubelet.health_events`, `kube.events`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 import inspect
 import logging
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,10 +27,18 @@ import msgspec
 
 from railyard.agent.config import AgentConfig
 from railyard.kube.client import ApiError, ApiUnavailable, Client
+from railyard.kube.events import NORMAL, WARNING, EventSender, event_body, event_time
 from railyard.kube.nodetopology import path_of, publish
-from railyard.kube.objects import NodeTopologyObject
+from railyard.kube.objects import NodeTopologyObject, Object
 from railyard.kubelet.admission import Admission, utc_now
 from railyard.kubelet.apipods import ApiPods
+from railyard.kubelet.health_events import (
+    HEALTHY,
+    UNHEALTHY,
+    HealthChanges,
+    healthy_message,
+    unhealthy_message,
+)
 from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
@@ -56,6 +66,9 @@ SOCKET_POLL_S = 2.0  # safety net behind inotify
 GC_INTERVAL_S = 10.0
 PUBLISH_INTERVAL_S = 1.0  # at most one NodeTopology status write per interval
 PUBLISH_RETRY_S = 5.0
+EVENTS_NAMESPACE = "default"  # a Node's Events, as kubelet writes them
+EVENT_COMPONENT = "railyard-agent"
+EVENTS_DRAIN_S = 1.0  # at stop, Events in flight get this long before the client closes
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +120,11 @@ class Agent:
         self.published: NodeTopologyStatus | None = None  # the status the API server has
         self._found: NodeTopologyStatus | None = None  # what it held when we started
         self._report = asyncio.Event()  # something the status counts may have changed
+        # Events on the Node for health changes (cluster mode only), from the first
+        # publication on: what the NodeTopology found then already says needs no Event.
+        self.events = EventSender(kube) if kube is not None else None
+        self.health_changes: HealthChanges | None = None
+        self._node_uid: str | None = None
 
     # ------------------------------------------------------------------ start / stop
 
@@ -172,6 +190,10 @@ class Agent:
         if self.kube is not None:
             if not await self.publish_topology():
                 self._report.set()  # the loop tries again
+            found = self._found.unhealthy if self._found is not None else ()
+            self.health_changes = HealthChanges(
+                self.topology, {d.pci_address: d.reason for d in found})
+            self._raise_health_events()
             self._tasks.append(asyncio.create_task(self._publish_loop(), name="publish"))
         self._verify_task = asyncio.create_task(self._check())  # repair what a crash lost
 
@@ -188,6 +210,9 @@ class Agent:
         for ep in self.endpoints.values():
             await ep.stop()
         await asyncio.to_thread(self.store.close)
+        if self.events is not None and self.events.pending:  # a last health change's Event
+            await asyncio.wait(self.events.pending, timeout=EVENTS_DRAIN_S)
+            self.events.cancel()
         if self._api_pods is not None:
             await self._api_pods.stop()
         if self.kube is not None:
@@ -280,6 +305,33 @@ class Agent:
         self.unhealthy = bad
         for dl in self.lists.values():
             await dl.update(unhealthy=frozenset(bad))
+        self._raise_health_events()  # after kubelet's lists: an Event is never in their way
+
+    def _raise_health_events(self) -> None:
+        """An Event on the Node for the devices that went bad and one for those that came
+        back since the last told (kubelet.health_events), written in the background."""
+        if self.health_changes is None or self.events is None:
+            return
+        news = self.health_changes.update(self.unhealthy, time.monotonic())
+        node = self.options.node_name
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node}
+        for type_, reason, message in (
+                (WARNING, UNHEALTHY, unhealthy_message(news.unhealthy) if news.unhealthy else ""),
+                (NORMAL, HEALTHY, healthy_message(news.healthy) if news.healthy else "")):
+            if message:
+                self.events.send(event_body(involved, EVENTS_NAMESPACE, reason, message,
+                                            type_=type_, component=EVENT_COMPONENT,
+                                            instance=node, host=node, now=event_time()),
+                                 fill=self._node_uid_into)
+
+    async def _node_uid_into(self, body: dict) -> None:
+        """The Node's uid into an Event's involvedObject, read once (nodes `get`)."""
+        if self._node_uid is None:
+            assert self.kube is not None
+            node = await self.kube.get(f"/api/v1/nodes/{self.options.node_name}", Object)
+            self._node_uid = node.metadata.uid or None
+        if self._node_uid:
+            body["involvedObject"]["uid"] = self._node_uid
 
     async def _health_loop(self) -> None:
         while True:
