@@ -6,9 +6,10 @@ kube-scheduler is stopped while they are created), then the pods bound in each 1
 are counted, from a watch, until every pod is bound; the figures are the windows' median
 and the average over the whole drain. Per mode, the CPU-seconds each process spent (read
 from /proc before and after) divided by the pods bound — on a 2-core machine that measures
-contention as well as work; the CPU each process spends with the scheduler stopped (kwok's
-node leases above all: 1,000 nodes renew 25 a second) is measured first and taken off, as
-it grows with the drain's length, not with the pods. With the extender, the bind latency
+contention as well as work. It includes the background (kwok's node leases above all:
+1,000 nodes renew 25 a second), so the rate of each process with the scheduler stopped is
+measured first and reported beside it; it is not subtracted, because a saturated machine
+delays the background rather than adding it. With the extender, the bind latency
 (one Binding carrying the Allocation) is read from its own
 `railyard_extender_request_duration_seconds{verb="bind"}` histogram (a Prometheus
 histogram_quantile estimate), and its RSS at the end, when it
@@ -176,6 +177,8 @@ class Round(msgspec.Struct):
     average: float  # bound / seconds
     cpu: dict[str, float]  # CPU-seconds per bound pod, by process
     api_requests: dict[str, float] = {}  # API server requests per bound pod, by verb
+    idle_cpu: dict[str, float] = {}  # CPU-s per s, scheduler stopped (kwok's leases...)
+    idle_share: float = 0.0  # of the round's CPU, what the idle rate would have spent
     extender_failures: dict[str, float] = {}  # the extender's failure counters' growth
     bind_p50_ms: float | None = None
     bind_p99_ms: float | None = None
@@ -254,13 +257,18 @@ class Bench:
                 say(f"{mode}: not every pod bound within {self.args.timeout:.0f} s")
             after_cpu = self.cpu()
             wall = time.monotonic() - t0
-            after_cpu = {n: v - background.get(n, 0.0) * wall for n, v in after_cpu.items()}
             after_api = await api_requests(client)
             after_metrics = self.extender_metrics() if mode == "extender" else ""
+            # The pods at once, without grace (kwok would end them one by one), then the rest.
+            await client.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                 params={"gracePeriodSeconds": "0"})
             await client.delete(f"/api/v1/namespaces/{ns}")
             await self.wait_gone(client, ns)
         result = self.summarise(mode, times, before_cpu, after_cpu, before_metrics,
                                 after_metrics)
+        result.idle_cpu = {n: round(v, 3) for n, v in background.items()}
+        result.idle_share = round(sum(background.values()) * wall / max(
+            sum(after_cpu[n] - before_cpu.get(n, 0.0) for n in after_cpu), 1e-9), 2)
         result.api_requests = {k: round((after_api[k] - before_api.get(k, 0)) / max(
             result.bound, 1), 2) for k in sorted(after_api)
             if after_api[k] - before_api.get(k, 0) >= result.bound / 20}
@@ -376,6 +384,9 @@ def table(rounds: list[Round], args: argparse.Namespace, extender_rss: tuple[flo
     lines.append("")
     for r in rounds:
         calls = ", ".join(f"{k} {v}" for k, v in r.api_requests.items())
+        idle = ", ".join(f"{k} {v}" for k, v in r.idle_cpu.items())
+        lines.append(f"- {r.mode}: idle CPU-s per s before the round: {idle} (at that rate, "
+                     f"{r.idle_share:.0%} of the round's CPU)")
         lines.append(f"- API server requests per bound pod, {r.mode}: {calls}")
         if r.extender_failures:
             lines.append(f"  - extender failures: {r.extender_failures}")
