@@ -1,0 +1,278 @@
+"""The Helm chart (deploy/chart/railyard) renders what docs/install.md promises: lint-clean,
+valid objects of the expected kinds, least-privilege RBAC equal to the box's, an agent with
+only the host folders and capabilities it needs, and deploy/manifests/ in sync. Needs the
+box's pinned helm (built from its Go module), not root; docs/decisions/0081."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from typer.main import get_command
+
+from railyard.agent.config import config_from_dict
+from railyard.cli.main import app
+from support.box import kubebox
+from support.chart import CHART, MANIFESTS, NAMESPACE, REPO, documents, helm, helm_binary, helm_env
+
+
+def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict[str, Any]:
+    return {"apiGroups": groups, "resources": resources, "verbs": verbs}
+
+
+EVENTS = rule(["", "events.k8s.io"], ["events"], ["create", "patch"])
+EXTENDER_CLUSTER_RULES = [
+    rule([""], ["pods"], ["get", "list", "watch"]),
+    rule([""], ["pods/binding"], ["create"]),
+    rule(["railyard.dev"], ["nodetopologies"], ["get", "list", "watch"]),
+    EVENTS,
+]
+EXTENDER_NAMESPACE_RULES = [rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
+AGENT_CLUSTER_RULES = [
+    rule([""], ["pods"], ["get", "list", "watch", "patch"]),
+    rule([""], ["nodes"], ["get"]),
+    rule(["railyard.dev"], ["nodetopologies"],
+         ["get", "list", "watch", "create", "update", "patch"]),
+    rule(["railyard.dev"], ["nodetopologies/status"], ["get", "update", "patch"]),
+    EVENTS,
+]
+
+
+@pytest.fixture(scope="module")
+def render(tmp_path_factory):
+    home = tmp_path_factory.mktemp("helm")
+
+    def render(*options: str) -> list[dict[str, Any]]:
+        return documents(helm(home, "template", "railyard", str(CHART), "--namespace",
+                              NAMESPACE, *options))
+    return render
+
+
+@pytest.fixture(scope="module")
+def objects(render) -> list[dict[str, Any]]:
+    return render()
+
+
+def one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def test_chart_is_helm_v2_format_and_lints_clean(tmp_path):
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["name"] == "railyard"
+    out = helm(tmp_path, "lint", "--strict", str(CHART))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+
+
+def test_template_renders_each_expected_kind_once_in_the_release_namespace(objects):
+    kinds = Counter(o["kind"] for o in objects)
+    assert kinds == Counter({"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
+                             "Role": 1, "RoleBinding": 1, "ConfigMap": 2, "Service": 1,
+                             "Deployment": 1, "DaemonSet": 1})
+    for o in objects:
+        assert o["apiVersion"] and o["metadata"]["name"]
+        if not o["kind"].startswith("Cluster"):
+            assert o["metadata"]["namespace"] == NAMESPACE, o["kind"]
+
+
+def test_crd_is_a_copy_of_deploy_crds_in_the_charts_crds_folder():
+    source = REPO / "deploy/crds/nodetopologies.railyard.dev.yaml"
+    assert (CHART / "crds" / source.name).read_bytes() == source.read_bytes()
+    assert not list((CHART / "templates").glob("*crd*"))
+
+
+def _rules(objects, kind: str, name: str) -> list[dict[str, Any]]:
+    return one(objects, kind, name)["rules"]
+
+
+def test_rbac_is_the_least_privilege_of_each_component(objects):
+    assert _rules(objects, "ClusterRole", "railyard-extender") == EXTENDER_CLUSTER_RULES
+    assert _rules(objects, "Role", "railyard-extender") == EXTENDER_NAMESPACE_RULES
+    assert _rules(objects, "ClusterRole", "railyard-agent") == AGENT_CLUSTER_RULES
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        for o in (o for o in objects if o["kind"] == kind):
+            name = o["metadata"]["name"]
+            assert o["roleRef"]["name"] == name
+            assert o["subjects"] == [{"kind": "ServiceAccount", "name": name,
+                                      "namespace": NAMESPACE}]
+
+
+def test_no_role_has_a_wildcard_or_touches_secrets(objects):
+    for o in objects:
+        for r in o.get("rules", []) if o["kind"] in ("ClusterRole", "Role") else []:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in r[key], (o["metadata"]["name"], r)
+            assert not {"secrets", "configmaps", "serviceaccounts/token"} & set(r["resources"])
+            assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} \
+                & set(r["verbs"])
+
+
+def test_the_boxes_roles_grant_what_the_chart_grants():
+    """hack/kubebox.py grants its Railyard users the same rules (there as ClusterRoles, its
+    Lease being kube-system's; the chart holds leases to the release namespace)."""
+    box_rules = {i["metadata"]["name"]: i["rules"] for i in kubebox.railyard_rbac()["items"]
+                 if i["kind"] == "ClusterRole"}
+    leases = EXTENDER_NAMESPACE_RULES[0]
+    extender = [r for r in box_rules["railyard-extender"] if r != leases]
+    assert sorted(map(str, extender)) == sorted(map(str, EXTENDER_CLUSTER_RULES))
+    assert leases in box_rules["railyard-extender"]
+    assert sorted(map(str, box_rules["railyard-agent"])) == sorted(map(str, AGENT_CLUSTER_RULES))
+
+
+def test_extender_runs_two_replicas_electing_a_leader_in_the_release_namespace(objects):
+    deployment = one(objects, "Deployment", "railyard-extender")
+    assert deployment["spec"]["replicas"] == 2
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "railyard-extender"
+    [container] = pod["containers"]
+    args = container["args"]
+    assert args[0] == "scheduler" and "--listen=0.0.0.0:8888" in args
+    assert "--leader-elect" in args and f"--leader-elect-namespace={NAMESPACE}" in args
+    assert not any(a.startswith(("--kubeconfig", "--cluster-file")) for a in args)
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    service = one(objects, "Service", "railyard-scheduler")
+    assert service["spec"]["ports"][0]["port"] == 8888
+    assert service["spec"]["selector"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize(("kind", "name"), [("Deployment", "railyard-extender"),
+                                           ("DaemonSet", "railyard-agent")])
+def test_each_components_args_are_flags_its_command_knows(objects, kind, name):
+    args = one(objects, kind, name)["spec"]["template"]["spec"]["containers"][0]["args"]
+    command = get_command(app)  # the real command line, parsed but not run
+    context = command.make_context("railyard", list(args), resilient_parsing=True)
+    sub = command.get_command(context, args[0])
+    sub.make_context(args[0], list(args[1:]))  # raises on an unknown flag or a bad value
+
+
+def test_scheduler_config_is_the_deploy_extender_entry_at_the_releases_service(objects):
+    config_map = one(objects, "ConfigMap", "railyard-scheduler-config")
+    config = yaml.safe_load(config_map["data"]["kube-scheduler-config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    assert config["profiles"] == [{"schedulerName": "railyard-scheduler"}]
+    [extender] = config["extenders"]
+    assert extender["urlPrefix"] == f"http://railyard-scheduler.{NAMESPACE}.svc:8888/"
+    [reference] = yaml.safe_load((REPO / "deploy/kube-scheduler-config.yaml").read_text())[
+        "extenders"]
+    assert {k: v for k, v in extender.items() if k != "urlPrefix"} == \
+        {k: v for k, v in reference.items() if k != "urlPrefix"}
+    assert config["leaderElection"]["resourceName"] != "railyard-scheduler"  # not the extender's
+
+
+def _agent_pod(objects) -> dict[str, Any]:
+    return one(objects, "DaemonSet", "railyard-agent")["spec"]["template"]["spec"]
+
+
+def test_agent_mounts_only_the_host_folders_it_needs(objects):
+    pod = _agent_pod(objects)
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert sorted(host.values()) == sorted([
+        "/sys", "/var/lib/kubelet/device-plugins", "/var/lib/kubelet/plugins_registry",
+        "/var/lib/kubelet/pod-resources", "/opt/cni/bin", "/var/lib/cni", "/var/run/netns",
+        "/var/run/k8s.cni.cncf.io/devinfo", "/var/lib/railyard", "/run/railyard"])
+    [agent] = pod["containers"]
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    for name, path in host.items():  # same path inside: sockets and netns paths are shared
+        assert mounts[name]["mountPath"] == path
+    assert mounts["sys"]["readOnly"] is True and mounts["cni-bin"]["readOnly"] is True
+    assert mounts["netns"]["mountPropagation"] == "HostToContainer"
+
+
+def test_agent_has_net_admin_and_sys_admin_only_and_is_not_privileged(objects):
+    pod = _agent_pod(objects)
+    [agent] = pod["containers"]
+    security = agent["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN", "SYS_ADMIN"]}
+    assert not security.get("privileged") and security["allowPrivilegeEscalation"] is False
+    assert pod["hostNetwork"] is True and not pod.get("hostPID") and not pod.get("hostIPC")
+
+
+def test_agent_uses_in_cluster_config_and_its_node_name_from_the_downward_api(objects):
+    pod = _agent_pod(objects)
+    [agent] = pod["containers"]
+    args = agent["args"]
+    assert args[0] == "agent" and "--node-name=$(NODE_NAME)" in args
+    assert not any(a.startswith(("--kubeconfig", "--pods-file")) for a in args)
+    assert "--cni-socket=/run/railyard/cni.sock" in args
+    env = {e["name"]: e for e in agent["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert pod["serviceAccountName"] == "railyard-agent"
+
+
+def test_an_init_container_installs_railyard_cni_into_the_cni_bin_folder(objects):
+    [init] = _agent_pod(objects)["initContainers"]
+    assert init["args"][:3] == ["cni", "install", "--bin-dir=/opt/cni/bin"]
+    assert {"name": "cni-bin", "mountPath": "/opt/cni/bin"} in init["volumeMounts"]
+
+
+def _agent_config(objects) -> Any:
+    return config_from_dict(yaml.safe_load(
+        one(objects, "ConfigMap", "railyard-agent-config")["data"]["agent.yaml"]))
+
+
+def test_gpus_stay_with_nvidias_plugin_unless_given_to_railyard(objects, render):
+    default = yaml.safe_load(one(objects, "ConfigMap", "railyard-agent-config")["data"][
+        "agent.yaml"])
+    assert default["gpuPlugin"] is False and default["pfPlugin"] is False
+    _agent_config(objects)  # the agent's own parser takes it
+    given = render("--set", "agent.gpus.enabled=true", "--set-json",
+                   'agent.pools={"vf":[{"vendors":["15b3"],"pfNames":["ibp24s0#0-7"]}]}')
+    config = yaml.safe_load(one(given, "ConfigMap", "railyard-agent-config")["data"]["agent.yaml"])
+    assert config["gpuPlugin"] is True and config["pools"]["vf"][0]["pfNames"] == ["ibp24s0#0-7"]
+    _agent_config(given)
+    annotation = "railyard.dev/config-hash"
+
+    def hash_of(objs):
+        return one(objs, "DaemonSet", "railyard-agent")["spec"]["template"]["metadata"][
+            "annotations"][annotation]
+    assert hash_of(given) != hash_of(objects)  # a changed config rolls the agents
+
+
+def test_values_set_image_resources_and_placement(render):
+    objs = render("--set", "image.repository=registry.example/railyard", "--set",
+                  "image.tag=9.9", "--set", "agent.nodeSelector.gpu=yes",
+                  "--set", "extender.resources.limits.memory=3Gi")
+    for kind, name in (("Deployment", "railyard-extender"), ("DaemonSet", "railyard-agent")):
+        pod = one(objs, kind, name)["spec"]["template"]["spec"]
+        assert {c["image"] for c in pod["containers"] + pod.get("initContainers", [])} == \
+            {"registry.example/railyard:9.9"}
+    assert _agent_pod(objs)["nodeSelector"] == {"gpu": "yes"}
+    extender = one(objs, "Deployment", "railyard-extender")["spec"]["template"]["spec"]
+    assert extender["containers"][0]["resources"]["limits"]["memory"] == "3Gi"
+
+
+def test_samples_live_outside_templates_and_parse():
+    examples = REPO / "deploy/examples"
+    kinds = {d["kind"] for p in examples.glob("*.yaml") for d in documents(p.read_text())}
+    assert kinds == {"NetworkAttachmentDefinition", "Pod"}
+    [pod] = documents((examples / "training-pod.yaml").read_text())
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == limits["railyard.dev/vf"] == 2
+
+
+def test_dockerfile_installs_the_wheel_without_the_simulator_extra():
+    text = (REPO / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in text and "[sim]" not in text and "[test]" not in text
+
+
+def test_deploy_manifests_are_the_charts_rendering(tmp_path: Path):
+    out = tmp_path / "railyard.yaml"
+    env = {**helm_env(tmp_path), "HELM": helm_binary()}
+    subprocess.run([str(REPO / "hack/render-manifests"), str(out)], env=env, check=True,
+                   cwd=REPO, capture_output=True)
+    assert out.read_text() == MANIFESTS.read_text(), \
+        "deploy/manifests/railyard.yaml is stale: run hack/render-manifests (HELM=<helm v4>)"
+    kinds = [d["kind"] for d in documents(MANIFESTS.read_text())]
+    assert kinds[:2] == ["CustomResourceDefinition", "Namespace"]
+    assert os.access(REPO / "hack/render-manifests", os.X_OK)
