@@ -37,6 +37,8 @@ from typing import Any
 
 HACK = Path(__file__).resolve().parent
 REPO = HACK.parent
+# The chart rendered (hack/render-manifests): the box grants its Railyard users these roles.
+CHART_MANIFESTS = REPO / "deploy/manifests/railyard.yaml"
 GO_MODULES = HACK / "go"
 KUBE_VERSION = "v1.36.3"
 CONTAINERD_VERSION = "v2.2.9"
@@ -1244,41 +1246,32 @@ state = "{lay.run_dir / 'containerd'}"
 
 
 def railyard_rbac() -> dict:
-    """Least privilege for the box's Railyard services (the chart's RBAC comes with #16)."""
-    def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict:
-        return {"apiGroups": groups, "resources": resources, "verbs": verbs}
+    """The chart's least-privilege roles (deploy/manifests/railyard.yaml, rendered from
+    deploy/chart/railyard; decision 0081), bound to the box's users instead of the chart's
+    ServiceAccounts: its ClusterRoles as they are, and the extender's Role (leader election,
+    decision 0074) in kube-system, where the box's extender keeps its Lease."""
+    import yaml
 
-    events = rule(["", "events.k8s.io"], ["events"], ["create", "patch"])
-    roles = {
-        EXTENDER_USER: [
-            # A bind is one pods/binding create carrying the record: no patch on pods.
-            rule([""], ["pods"], ["get", "list", "watch"]),
-            rule([""], ["pods/binding"], ["create"]),
-            rule(["railyard.dev"], ["nodetopologies"], ["get", "list", "watch"]),
-            # Leader election (decision 0074); the box's Lease is kube-system/railyard-scheduler.
-            rule(["coordination.k8s.io"], ["leases"], ["get", "create", "update"]),
-            events,
-        ],
-        AGENT_USER: [
-            rule([""], ["pods"], ["get", "list", "watch", "patch"]),
-            rule([""], ["nodes"], ["get"]),
-            rule(["railyard.dev"], ["nodetopologies"],
-                 ["get", "list", "watch", "create", "update", "patch"]),
-            rule(["railyard.dev"], ["nodetopologies/status"], ["get", "update", "patch"]),
-            events,
-        ],
-    }
+    rendered = [d for d in yaml.safe_load_all(CHART_MANIFESTS.read_text()) if d]
     items: list[dict] = []
-    for user, rules in roles.items():
-        name = user.replace(":", "-")
-        items.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                      "metadata": {"name": name}, "rules": rules})
-        items.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-                      "metadata": {"name": name},
-                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+
+    def grant(kind: str, user: str, namespace: str | None = None) -> None:
+        name = user.replace(":", "-")  # railyard-extender, railyard-agent: the chart's names
+        [rules] = [d["rules"] for d in rendered
+                   if d["kind"] == kind and d["metadata"]["name"] == name]
+        metadata = {"name": name, **({"namespace": namespace} if namespace else {})}
+        items.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+                      "metadata": metadata, "rules": rules})
+        items.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": f"{kind}Binding",
+                      "metadata": metadata,
+                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
                                   "name": name},
                       "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
                                     "name": user}]})
+
+    grant("ClusterRole", EXTENDER_USER)
+    grant("Role", EXTENDER_USER, "kube-system")
+    grant("ClusterRole", AGENT_USER)
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 

@@ -114,16 +114,19 @@ def test_no_role_has_a_wildcard_or_touches_secrets(objects):
                 & set(r["verbs"])
 
 
-def test_the_boxes_roles_grant_what_the_chart_grants():
-    """hack/kubebox.py grants its Railyard users the same rules (there as ClusterRoles, its
-    Lease being kube-system's; the chart holds leases to the release namespace)."""
-    box_rules = {i["metadata"]["name"]: i["rules"] for i in kubebox.railyard_rbac()["items"]
-                 if i["kind"] == "ClusterRole"}
-    leases = EXTENDER_NAMESPACE_RULES[0]
-    extender = [r for r in box_rules["railyard-extender"] if r != leases]
-    assert sorted(map(str, extender)) == sorted(map(str, EXTENDER_CLUSTER_RULES))
-    assert leases in box_rules["railyard-extender"]
-    assert sorted(map(str, box_rules["railyard-agent"])) == sorted(map(str, AGENT_CLUSTER_RULES))
+def test_the_box_grants_its_railyard_users_the_charts_roles():
+    """hack/kubebox.py reads deploy/manifests/ and binds the same rules to its users; the
+    extender's Lease Role goes to kube-system, where the box's extender keeps its Lease."""
+    items = kubebox.railyard_rbac()["items"]
+    roles = {(i["kind"], i["metadata"]["name"], i["metadata"].get("namespace")): i["rules"]
+             for i in items if i["kind"] in ("ClusterRole", "Role")}
+    assert roles == {
+        ("ClusterRole", "railyard-extender", None): EXTENDER_CLUSTER_RULES,
+        ("Role", "railyard-extender", "kube-system"): EXTENDER_NAMESPACE_RULES,
+        ("ClusterRole", "railyard-agent", None): AGENT_CLUSTER_RULES,
+    }
+    subjects = {i["subjects"][0]["name"] for i in items if i["kind"].endswith("Binding")}
+    assert subjects == {kubebox.EXTENDER_USER, kubebox.AGENT_USER}
 
 
 def test_extender_runs_two_replicas_electing_a_leader_in_the_release_namespace(objects):
