@@ -553,14 +553,19 @@ class Search:
             wnuma |= 1 << pf_numa[j]
         ctx = (gset, targets, wset)
         counts = [0] * npf
+        # States counted in a local (cheaper than the attribute in this, the hottest loop),
+        # added to `explored` on the way out; `room` is what the budget still allows.
+        room = self.limit - self.explored
+        visited = 0
 
         def ties_lose() -> bool:
             bt = self.best_tie
             return bt is not None and (bt[0], bt[1], bt[2]) <= ctx
 
         def dfs(idx: int, rem: int, cmask: int, closed: int) -> None:
-            self.explored += 1
-            if self.explored > self.limit:
+            nonlocal visited
+            visited += 1
+            if visited > room:
                 self.spend()
             if idx == n:
                 s = self.span(cmask)
@@ -592,8 +597,11 @@ class Search:
                     closed | (1 << j) if t >= rvf[j] else closed)
             counts[j] = 0
 
-        # PFs taken whole leave no free VF behind.
-        dfs(0, sp.vfs, wnuma, paired_whole_mask | wmask_pf)
+        try:
+            # PFs taken whole leave no free VF behind.
+            dfs(0, sp.vfs, wnuma, paired_whole_mask | wmask_pf)
+        finally:
+            self.explored += visited
 
     # ------------------------------------------------------------------ result
 
