@@ -78,6 +78,18 @@ def test_every_plain_manifest_passes_a_server_dry_run(chart_box):
     assert all("(server dry run)" in line for line in out.splitlines() if line.strip())
 
 
+def test_the_examples_pass_a_server_dry_run(chart_box):
+    """The second scheduler as it is; the samples a user creates in their own namespace (the
+    attachment needs Multus's CRD, which this box has only with --multus: not asked here)."""
+    examples = CHART.parents[1] / "examples"
+    out = chart_box.kubectl("apply", "--dry-run=server", "-f",
+                            str(examples / "second-scheduler.yaml"))
+    assert out.count("(server dry run)") == 7, out
+    out = chart_box.kubectl("apply", "--dry-run=server", "-n", "default", "-f",
+                            str(examples / "training-pod.yaml"))
+    assert "pod/railyard-2-pairs created (server dry run)" in out
+
+
 def _can(box: kubebox.Box, who: str, verb: str, resource: str, namespace: str | None) -> str:
     where = ["--namespace", namespace] if namespace else ["--all-namespaces"]
     resource, _, subresource = resource.partition("/")  # kubectl reads pods/x as a pod's name

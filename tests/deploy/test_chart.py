@@ -258,10 +258,15 @@ def test_values_set_image_resources_and_placement(render):
 def test_samples_live_outside_templates_and_parse():
     examples = REPO / "deploy/examples"
     kinds = {d["kind"] for p in examples.glob("*.yaml") for d in documents(p.read_text())}
-    assert kinds == {"NetworkAttachmentDefinition", "Pod"}
+    assert kinds == {"NetworkAttachmentDefinition", "Pod", "ServiceAccount", "ClusterRoleBinding",
+                     "Role", "RoleBinding", "Deployment"}
     [pod] = documents((examples / "training-pod.yaml").read_text())
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == limits["railyard.dev/vf"] == 2
+    assert pod["spec"]["schedulerName"] == "railyard-scheduler"  # the chart's profile
+    scheduler = next(d for d in documents((examples / "second-scheduler.yaml").read_text())
+                 if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert scheduler["volumes"][0]["configMap"]["name"] == "railyard-scheduler-config"
 
 
 def test_dockerfile_installs_the_wheel_without_the_simulator_extra():
