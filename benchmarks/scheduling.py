@@ -51,7 +51,7 @@ import msgspec
 import yaml
 
 from railyard.discovery.profiles import build_topology, profile
-from railyard.kube.client import ApiError, Client
+from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.config import load_kubeconfig
 from railyard.kube.nodetopology import publish
 from railyard.kube.objects import Object, Pod
@@ -260,8 +260,9 @@ class Bench:
             after_api = await api_requests(client)
             after_metrics = self.extender_metrics() if mode == "extender" else ""
             # The pods at once, without grace (kwok would end them one by one), then the rest.
-            await client.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
-                                 params={"gracePeriodSeconds": "0"})
+            with contextlib.suppress(ApiUnavailable):  # slow on a loaded API: wait below
+                await client.request("DELETE", f"/api/v1/namespaces/{ns}/pods",
+                                     params={"gracePeriodSeconds": "0"}, timeout_s=300)
             await client.delete(f"/api/v1/namespaces/{ns}")
             await self.wait_gone(client, ns)
         result = self.summarise(mode, times, before_cpu, after_cpu, before_metrics,
