@@ -1,16 +1,32 @@
 """The chart against the box's real API server: a server-side dry run of `helm install` and of
 the plain manifests, then its RBAC applied for real and asked, with `kubectl auth can-i` as
 each component's ServiceAccount, for every call the component makes and a sample of calls it
-must not make. No pod runs: no registry is reachable here for the image (docs/install.md)."""
+must not make; then the agent and the extender as processes with those ServiceAccounts' tokens
+doing their work. No chart pod runs: no registry is reachable here for the image
+(docs/install.md)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 
-from support.box import kubebox, running_box
+from railyard.allocation.names import ALLOCATION_ANNOTATION
+from railyard.discovery.fixture import write_fixture
+from railyard.discovery.profiles import DGX_H100
+from railyard.records.allocation import decode_allocation
+from support.box import get, kubebox, namespace, pod, running_box, wait_for
 from support.chart import CHART, MANIFESTS, NAMESPACE, documents, helm
 
 pytestmark = [pytest.mark.box, pytest.mark.root, pytest.mark.slow]
@@ -118,3 +134,119 @@ def test_each_service_account_may_make_its_calls_and_no_others(applied, who, may
     refused = [c for c in may if _can(applied, who, *c) != "yes"]
     allowed = [c for c in may_not if _can(applied, who, *c) != "no"]
     assert refused == [] and allowed == [], f"refused: {refused}; allowed: {allowed}"
+
+
+def _token_kubeconfig(box: kubebox.Box, account: str, into: Path) -> Path:
+    """The admin kubeconfig's cluster with a token of the chart's ServiceAccount `account`."""
+    token = box.kubectl("create", "token", account, "-n", NAMESPACE, "--duration", "1h").strip()
+    config = yaml.safe_load(box.layout.admin_kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = account
+    into.write_text(json.dumps(config))
+    into.chmod(0o600)
+    return into
+
+
+def _rendered(kind: str, name: str) -> dict:
+    [found] = [o for o in documents(MANIFESTS.read_text())
+               if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def _start(argv: list[str], log: Path, **env: str) -> subprocess.Popen:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "railyard.cli.main", *argv],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **env})
+
+
+def _stop(process: subprocess.Popen, log: Path) -> str:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return log.read_text(errors="replace")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_agent_and_extender_do_their_work_with_the_charts_service_account_tokens(
+        applied, tmp_path):
+    """The agent (the chart's config file) publishes its node's NodeTopology; the extender,
+    elected on its Lease in the release namespace, filters and binds a 2 GPU + 2 VF pod there
+    with its record: every call on the way is made with the chart's RBAC and nothing else."""
+    box = applied
+    node = "chart-node"  # a Node no kubelet serves: the bound pod stays where it was put
+    box.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    tree = write_fixture(DGX_H100, tmp_path / "root", 2, node=node)
+    config = tmp_path / "agent.yaml"
+    agent_config = yaml.safe_load(_rendered("ConfigMap", "railyard-agent-config")["data"][
+        "agent.yaml"])
+    assert agent_config["gpuPlugin"] is False  # the chart's default: GPUs are NVIDIA's
+    agent_config.update(devinfoDir=str(tmp_path / "devinfo"),
+                        cniDevinfoDir=str(tmp_path / "cni-devinfo"))
+    config.write_text(yaml.safe_dump(agent_config))
+    agent_log, extender_log = tmp_path / "agent.log", tmp_path / "extender.log"
+    kubelet_dir = Path(tempfile.mkdtemp(prefix="ry-"))  # socket paths: 107 bytes at most
+    agent = _start(["agent", "--node-name", node, "--sysfs-root", str(tree),
+                    "--kubeconfig", str(_token_kubeconfig(box, "railyard-agent",
+                                                          tmp_path / "agent.kubeconfig")),
+                    "--kubelet-dir", str(kubelet_dir),
+                    "--state-dir", str(tmp_path / "state"), "--config", str(config)], agent_log)
+    port = _free_port()
+    args = _rendered("Deployment", "railyard-extender")["spec"]["template"]["spec"][
+        "containers"][0]["args"]
+    extender = _start([*(a for a in args if not a.startswith("--listen")),
+                       "--listen", f"127.0.0.1:{port}",
+                       "--kubeconfig", str(_token_kubeconfig(box, "railyard-extender",
+                                                             tmp_path / "extender.kubeconfig"))],
+                      extender_log, POD_NAME="railyard-extender-test")
+    try:
+        wait_for("the agent's NodeTopology and its status", lambda: box.kubectl(
+            "get", "nodetopology", node, "-o", "jsonpath={.status.health}", check=False).strip(),
+            timeout=60)
+        wait_for("the extender to hold its Lease in the release namespace", lambda: box.kubectl(
+            "get", "lease", "railyard-scheduler", "-n", NAMESPACE, "-o",
+            "jsonpath={.spec.holderIdentity}", check=False).strip() == "railyard-extender-test",
+            timeout=60)
+        ns = namespace(box)
+        manifest = pod("paired", ["sleep", "3600"], schedulerName="nobody")
+        manifest["spec"]["containers"][0]["resources"] = {
+            "limits": {"nvidia.com/gpu": "2", "railyard.dev/vf": "2"}}
+        box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+        p = get(box, "pod", "paired", "-n", ns)
+
+        def fits() -> bool:
+            return _post(port, "/filter", {"Pod": p, "NodeNames": [node]}).get(
+                "NodeNames") == [node]
+        wait_for("the extender to see the pod and the node fit", fits, timeout=60)
+        m = p["metadata"]
+        answer = _post(port, "/bind", {"PodName": m["name"], "PodNamespace": ns,
+                                       "PodUID": m["uid"], "Node": node})
+        assert not answer.get("Error"), answer
+        bound = get(box, "pod", "paired", "-n", ns)
+        assert bound["spec"]["nodeName"] == node
+        allocation = decode_allocation(bound["metadata"]["annotations"][ALLOCATION_ANNOTATION])
+        assert len(allocation.pairs) == 2
+    finally:
+        logs = _stop(extender, extender_log) + _stop(agent, agent_log)
+        print(logs[-6000:])  # shown when the test fails
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
+    assert "403" not in logs and "forbidden" not in logs.lower(), logs[-4000:]
