@@ -106,6 +106,35 @@ def test_the_examples_pass_a_server_dry_run(chart_box):
     assert "pod/railyard-2-pairs created (server dry run)" in out
 
 
+def test_helm_install_then_uninstall_leaves_only_the_crd_and_the_namespace(chart_box, tmp_path):
+    """A real release (no pod started: no image here), then `helm uninstall`: what remains is
+    what docs/install.md says, the CRD (helm never deletes crds/) and the namespace."""
+    release, ns = "ry-test", "ry-test"
+    config = chart_box.layout.admin_kubeconfig
+    helm(tmp_path, "install", release, str(CHART), "--namespace", ns, "--create-namespace",
+         "--set", "extender.replicas=0", "--set", "agent.nodeSelector.railyard-test=none",
+         kubeconfig=config)
+    selector = f"app.kubernetes.io/instance={release}"
+    namespaced = "deployments,daemonsets,services,configmaps,serviceaccounts,roles,rolebindings"
+    cluster = "clusterroles,clusterrolebindings"
+
+    def names(kinds: str, *where: str) -> set[str]:
+        out = chart_box.kubectl("get", kinds, "-l", selector, *where, "-o", "name")
+        return set(out.split())
+    assert names(namespaced, "-n", ns) == {
+        "deployment.apps/ry-test-railyard-extender", "daemonset.apps/ry-test-railyard-agent",
+        "service/ry-test-railyard-scheduler", "configmap/ry-test-railyard-scheduler-config",
+        "configmap/ry-test-railyard-agent-config",
+        "serviceaccount/ry-test-railyard-extender", "serviceaccount/ry-test-railyard-agent",
+        "role.rbac.authorization.k8s.io/ry-test-railyard-extender",
+        "rolebinding.rbac.authorization.k8s.io/ry-test-railyard-extender"}
+    assert len(names(cluster)) == 4
+    helm(tmp_path, "uninstall", release, "--namespace", ns, "--wait", kubeconfig=config)
+    assert names(namespaced, "-n", ns) == set() and names(cluster) == set()
+    assert chart_box.kubectl("get", "crd", NT, "-o", "name").strip()
+    assert chart_box.kubectl("get", "namespace", ns, "-o", "name").strip()
+
+
 def _can(box: kubebox.Box, who: str, verb: str, resource: str, namespace: str | None) -> str:
     where = ["--namespace", namespace] if namespace else ["--all-namespaces"]
     resource, _, subresource = resource.partition("/")  # kubectl reads pods/x as a pod's name
