@@ -5,6 +5,7 @@ box's pinned helm (built from its Go module), not root; docs/decisions/0081."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections import Counter
@@ -171,6 +172,32 @@ def test_scheduler_config_is_the_deploy_extender_entry_at_the_releases_service(o
     assert {k: v for k, v in extender.items() if k != "urlPrefix"} == \
         {k: v for k, v in reference.items() if k != "urlPrefix"}
     assert config["leaderElection"]["resourceName"] != "railyard-scheduler"  # not the extender's
+
+
+def test_the_real_kube_scheduler_accepts_the_configuration(objects, tmp_path):
+    """The box's pinned kube-scheduler validates and defaults it (`--write-config-to`); the
+    configuration's in-cluster client is swapped for a kubeconfig nobody answers."""
+    family = kubebox.FAMILIES["kube"]
+    if not (family.out_dir() / "complete").exists():
+        pytest.skip("kube is not built (hack/box build kube)")
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    config = yaml.safe_load(one(objects, "ConfigMap", "railyard-scheduler-config")["data"][
+        "kube-scheduler-config.yaml"])
+    config["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    (tmp_path / "in.yaml").write_text(yaml.safe_dump(config))
+    done = subprocess.run([str(family.out_dir() / "bin/kube-scheduler"),
+                           f"--config={tmp_path / 'in.yaml'}",
+                           f"--write-config-to={tmp_path / 'out.yaml'}"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    written = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    assert [p["schedulerName"] for p in written["profiles"]] == ["railyard-scheduler"]
+    assert written["extenders"][0]["urlPrefix"] == config["extenders"][0]["urlPrefix"]
 
 
 def _agent_pod(objects) -> dict[str, Any]:
