@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,23 @@ def test_an_init_container_installs_railyard_cni_into_the_cni_bin_folder(objects
     [init] = _agent_pod(objects)["initContainers"]
     assert init["args"][:3] == ["cni", "install", "--bin-dir=/opt/cni/bin"]
     assert {"name": "cni-bin", "mountPath": "/opt/cni/bin"} in init["volumeMounts"]
+
+
+def test_the_init_containers_install_gives_a_shim_the_hosts_python_runs(objects, tmp_path):
+    """Its arguments, bin folder swapped for a temporary one; then a runtime's VERSION call."""
+    [init] = _agent_pod(objects)["initContainers"]
+    interpreter = next(a.split("=", 1)[1] for a in init["args"]
+                       if a.startswith("--interpreter="))
+    if not Path(interpreter).exists():
+        pytest.skip(f"no {interpreter} here")
+    args = [a if not a.startswith("--bin-dir=") else f"--bin-dir={tmp_path}"
+            for a in init["args"]]
+    subprocess.run([sys.executable, "-m", "railyard.cli.main", *args], check=True,
+                   capture_output=True)
+    done = subprocess.run([str(tmp_path / "railyard-cni")], input="{}", capture_output=True,
+                          text=True, env={"CNI_COMMAND": "VERSION"}, check=True)
+    assert "1.0.0" in json.loads(done.stdout)["supportedVersions"]
+    assert (tmp_path / "railyard-cni").read_text().startswith(f"#!{interpreter} ")
 
 
 def _agent_config(objects) -> Any:
