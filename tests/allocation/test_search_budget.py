@@ -130,3 +130,25 @@ def test_a_negative_budget_is_refused(limit):
         Allocator(search_budget=limit)
     with pytest.raises(ValueError, match="search budget"):
         Budget(limit)
+
+
+def test_the_known_answer_is_the_memos_and_never_a_search():
+    """What the extender's loop asks while the worker searches: an answer only if known."""
+    t = dgx_h100()
+    alloc = Allocator()
+    request = Request(gpus=2, vfs=2)
+    assert alloc.allocate_known(t, Ledger(t), request) is None
+    assert alloc.node_score_known(t, Ledger(t), request) is None
+    assert alloc.explored == 0
+    answer = alloc.allocate(t, Ledger(t), request)
+    score = alloc.node_score(t, Ledger(t), request)
+    explored = alloc.explored
+    assert alloc.allocate_known(t, Ledger(t), request) == answer
+    assert alloc.node_score_known(t, Ledger(t), request) == score
+    assert alloc.explored == explored  # the known answers explored nothing more
+    tiny = Allocator(search_budget=20)
+    hostile = Request(gpus=1, vfs=12, pfs=1)
+    assert spent(tiny.allocate(t, Ledger(t), hostile))
+    assert spent(tiny.allocate_known(t, Ledger(t), hostile))  # known to spend this budget
+    tiny.search_budget = 10_000
+    assert tiny.allocate_known(t, Ledger(t), hostile) is None  # not known under this one

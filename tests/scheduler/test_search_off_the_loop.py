@@ -10,6 +10,7 @@ import threading
 import time
 
 import aiohttp
+import pytest
 from scheduler_helpers import args, pod, served
 
 from railyard.allocation.allocator import Allocator
@@ -18,7 +19,8 @@ from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.scheduler.cluster_file import BoundPod, cluster_from_spec
 from railyard.scheduler.service import Extender
-from railyard.scheduler.state import ClusterState
+from railyard.scheduler.state import ClusterState, NeedsSearch
+from railyard.scheduler.wire import pod_facts
 from railyard.topology.model import NodeTopology
 
 HOSTILE = {"maxDistance": "PIX", "pairing": "one-to-one"}  # with 2 GPUs, 32 VFs, 1 whole PF
@@ -213,3 +215,46 @@ def test_a_full_node_is_refused_for_its_count_when_the_empty_nodes_search_spends
     assert out.failed == {node: "1 GPUs requested but only 0 of 8 free"}
     alloc.search_budget = None
     assert state.filter(request, [node]).failed == out.failed  # a fact: kept, still true
+
+
+def test_a_filter_the_groups_already_answer_is_not_queued_behind_a_search():
+    slow = SlowAllocator()
+    ext = Extender(ClusterState(cluster_from_spec("dgx-h100:2"), slow))
+    names = ext.state.node_names()
+    warm_pod = pod("u2", gpus=1, vfs=1)
+    ext.state.filter(pod_facts(warm_pod).request, names)  # the groups now hold this answer
+    slow.wait_s = 5.0
+
+    async def scenario():
+        async with served(ext) as url, aiohttp.ClientSession() as s:
+            cold = asyncio.ensure_future(
+                s.post(f"{url}/filter", json=args(pod("u1", gpus=2, vfs=2), names)))
+            while not slow.started.is_set():
+                await asyncio.sleep(0.01)
+            t0 = time.monotonic()
+            async with s.post(f"{url}/filter", json=args(warm_pod, names),
+                              timeout=aiohttp.ClientTimeout(total=1.0)) as r:
+                warm = (await r.json(), time.monotonic() - t0)
+            assert not cold.done()
+            slow.go.set()
+            async with await cold as r:
+                return warm, await r.json()
+
+    (warm, took), cold = asyncio.run(scenario())
+    assert warm["NodeNames"] == names and took < 1.0
+    assert cold["NodeNames"] == names
+
+
+def test_a_bind_without_search_holds_only_what_the_memo_knows():
+    alloc = Allocator()
+    state = ClusterState(cluster_from_spec("dgx-h100:1"), alloc)
+    node = "dgx-h100-000"
+    request = Request(gpus=2, vfs=2)
+    with pytest.raises(NeedsSearch):
+        state.bind("a", "ml", "a", node, request, search=False)
+    assert state.pod("a") is None and alloc.explored == 0
+    assert state.filter(request, [node]).fits == [node]  # filter decides, the memo keeps it
+    explored = alloc.explored
+    got = state.bind("a", "ml", "a", node, request, search=False)
+    assert isinstance(got, Allocation) and state.pod("a") is not None
+    assert alloc.explored == explored

@@ -57,9 +57,10 @@ class Allocator:
     the answer under any other (only a no's reason may be plainer, when explaining it ran
     short), so the memo keeps answers across changes of the budget.
 
-    `allocate` and `node_score` are called from one thread at a time; `shape` and
-    `group_key` from any thread (the extender searches in a worker thread while its event
-    loop regroups nodes).
+    `allocate` and `node_score`, which may search, are called from one thread at a time;
+    `allocate_known`, `node_score_known`, `shape` and `group_key`, which never search, from
+    any thread (the extender searches in a worker thread while its event loop answers from
+    the memo and regroups nodes).
     """
 
     def __init__(self, packing: Packing = "binpack",
@@ -101,12 +102,26 @@ class Allocator:
     def allocate(self, topology: NodeTopology, ledger: Ledger,
                  request: Request) -> Allocation | Infeasible:
         """The best allocation for `request` on this node now, or why there is none."""
+        answer = self._allocate(topology, ledger, request, search=True)
+        assert answer is not None
+        return answer
+
+    def allocate_known(self, topology: NodeTopology, ledger: Ledger,
+                       request: Request) -> Allocation | Infeasible | None:
+        """`allocate`'s answer when the memo holds the decision, else None: never searches,
+        so any thread may ask while another one searches."""
+        return self._allocate(topology, ledger, request, search=False)
+
+    def _allocate(self, topology: NodeTopology, ledger: Ledger, request: Request,
+                  search: bool) -> Allocation | Infeasible | None:
         shape = self.shape(topology)
         group = (shape.id, ledger.signature(), _odd_used(shape, ledger))
         key = (group, request.shape)
         plan = self._plans.get(key)
         if plan is None:
-            decided = self._decide(shape, group, ledger, request)
+            decided = self._decide(shape, group, ledger, request, search)
+            if decided is None:
+                return None
             if isinstance(decided, Refusal) and decided.search_budget_spent:
                 return decided.at(topology.node)  # not the shape's answer: not kept
             plan = decided if isinstance(decided, Refusal) else _plan(shape, decided, request)
@@ -139,18 +154,34 @@ class Allocator:
         (`_BANDS`, higher tiers above lower ones); within its band a node moves up with how
         full it is after placing the pod (`binpack`) or how empty (`spread`), see `_packing`.
         """
+        score = self._node_score(topology, ledger, request, search=True)
+        assert score is not None
+        return score
+
+    def node_score_known(self, topology: NodeTopology, ledger: Ledger,
+                         request: Request) -> int | None:
+        """`node_score` when the memo holds what it needs, else None (never searches)."""
+        return self._node_score(topology, ledger, request, search=False)
+
+    def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
+                    search: bool) -> int | None:
         group = self.group_key(topology, ledger)
         key = (group, request.shape)
         score = self._scores.get(key)
         if score is not None:
             return score
         shape = self.shape(topology)
-        decided = self._decide(shape, group, ledger, request)
+        decided = self._decide(shape, group, ledger, request, search)
+        if decided is None:
+            return None
         spent = isinstance(decided, Refusal) and decided.search_budget_spent
         if isinstance(decided, Refusal):
             score = 0
         else:
-            ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request)
+            ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request,
+                                 search)
+            if ideal is None:
+                return None
             # An empty node whose search spends the budget: not known to be as good.
             spent = isinstance(ideal, Refusal) and ideal.search_budget_spent
             same = not isinstance(ideal, Refusal) and decided.key[:5] == ideal.key[:5]
@@ -206,7 +237,8 @@ class Allocator:
     # ------------------------------------------------------------------ memo
 
     def _decide(self, shape: NodeShape, group: tuple, ledger: Ledger | None,
-                request: Request) -> Choice | Refusal:
+                request: Request, search: bool = True) -> Choice | Refusal | None:
+        """The memo's decision, else (with `search`) a new one; None when it would search."""
         key = (group, request.shape)
         hit = self._memo.get(key)
         if hit is not None:
@@ -215,6 +247,8 @@ class Allocator:
         spent = self._spent.get((key, limit))
         if spent is not None:
             return spent
+        if not search:
+            return None
         budget = Budget(limit)
         try:
             hit = self._search(shape, group, ledger, request, budget)

@@ -3,7 +3,9 @@
 Thin: decode the message (wire), ask the ClusterState, encode the answer. The asyncio loop
 reads requests and writes answers; what asks the allocator (filter, prioritize, preempt, a
 bind's allocation) runs in one worker thread, one call at a time, so a long search never
-stalls `/healthz` or the other requests (docs/decisions/0077). A bind's allocate + ledger add
+stalls `/healthz` or the other requests (docs/decisions/0077). A small filter or prioritize,
+or a bind, whose answers are already known (the node groups, the allocator's memo) is
+answered on the loop: it never searches there. A bind's allocate + ledger add
 is atomic with respect to other binds (the state's node lock), and the only awaits besides the
 worker are the writes (`ClusterWriter`), made after the devices are held and undone if they
 fail. Slow or oversized requests are shed (`connections`).
@@ -28,7 +30,7 @@ from railyard.scheduler import metrics as m
 from railyard.scheduler.cluster_file import BoundPod, pod_to_json
 from railyard.scheduler.connections import GuardedSite, HttpLimits, read_body, refusals
 from railyard.scheduler.metrics import Metrics
-from railyard.scheduler.state import ClusterState
+from railyard.scheduler.state import ClusterState, NeedsSearch
 from railyard.scheduler.state_file import StateFile
 from railyard.scheduler.wire import (
     ExtenderArgs,
@@ -49,6 +51,11 @@ log = logging.getLogger("railyard.scheduler")
 DEFAULT_POD_CACHE = 10_000
 JSON = "application/json"
 LINGER_S = 1.0
+# A filter or prioritize this small, all of whose answers the node groups or the allocator's
+# memo hold, is answered on the loop: a thread hop costs more than that work (~0.1–0.3 ms,
+# docs/decisions/0077), and decoding 256 KiB and mapping the names it holds takes about a
+# millisecond. Anything else goes to the worker.
+ON_LOOP_BYTES = 256 << 10
 _T = TypeVar("_T")
 
 
@@ -178,21 +185,39 @@ class Extender:
     async def filter(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         try:
-            return await self._in_worker(self._filter, await self._body(request))
+            body = await self._body(request)
+            if len(body) > ON_LOOP_BYTES:
+                return await self._in_worker(self._filter_body, body)
+            call = self._filter_call(body)
+            if isinstance(call, web.Response):
+                return call
+            try:
+                return self._filter(call, search=False)
+            except NeedsSearch:
+                return await self._in_worker(self._filter, call)
         finally:
             self.metrics.latency["filter"].observe(time.perf_counter() - t0)
 
-    def _filter(self, body: bytes) -> web.Response:
-        """In the worker: decode, ask the state, encode (a NodeList answer is large)."""
+    def _filter_body(self, body: bytes) -> web.Response:
+        call = self._filter_call(body)
+        return call if isinstance(call, web.Response) else self._filter(call)
+
+    def _filter_call(self, body: bytes) -> tuple[ExtenderArgs, PodFacts, list[str]] | web.Response:
+        """The decoded call, or the answer to a bad one."""
         try:
             args = decode(body, ExtenderArgs)
-            facts = pod_facts(args.Pod, self.pods.get)
-            names = _names(args)
+            return args, pod_facts(args.Pod, self.pods.get), _names(args)
         except WireError as e:
             self.metrics.failure("filter", m.BAD_REQUEST)
             return _filter_reply(error=str(e))
+
+    def _filter(self, call: tuple[ExtenderArgs, PodFacts, list[str]],
+                search: bool = True) -> web.Response:
+        """Ask the state, encode. In the worker; on the loop without `search`, which raises
+        NeedsSearch (before any count or change) when an answer is not known yet."""
+        args, facts, names = call
+        out = self.state.filter(facts.request, names, uid=facts.uid, search=search)
         self.pods.put(facts)
-        out = self.state.filter(facts.request, names, uid=facts.uid)
         if self.state.pod(facts.uid) is not None:
             self.metrics.failure("filter", m.ALREADY_BOUND, len(out.unresolvable))
         else:
@@ -215,21 +240,36 @@ class Extender:
     async def prioritize(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         try:
-            return await self._in_worker(self._prioritize, await self._body(request))
+            body = await self._body(request)
+            if len(body) > ON_LOOP_BYTES:
+                return await self._in_worker(self._prioritize_body, body)
+            call = self._prioritize_call(body)
+            if isinstance(call, web.Response):
+                return call
+            try:
+                return self._prioritize(call, search=False)
+            except NeedsSearch:
+                return await self._in_worker(self._prioritize, call)
         finally:
             self.metrics.latency["prioritize"].observe(time.perf_counter() - t0)
 
-    def _prioritize(self, body: bytes) -> web.Response:
+    def _prioritize_body(self, body: bytes) -> web.Response:
+        call = self._prioritize_call(body)
+        return call if isinstance(call, web.Response) else self._prioritize(call)
+
+    def _prioritize_call(self, body: bytes) -> tuple[PodFacts, list[str]] | web.Response:
         try:
             args = decode(body, ExtenderArgs)
-            facts = pod_facts(args.Pod, self.pods.get)
-            names = _names(args)
+            return pod_facts(args.Pod, self.pods.get), _names(args)
         except WireError as e:
             # HostPriorityList has no Error field: say it with the status.
             self.metrics.failure("prioritize", m.BAD_REQUEST)
             return web.Response(status=400, text=str(e))
+
+    def _prioritize(self, call: tuple[PodFacts, list[str]], search: bool = True) -> web.Response:
+        facts, names = call
+        scores = self.state.scores(facts.request, names, uid=facts.uid, search=search)
         self.pods.put(facts)
-        scores = self.state.scores(facts.request, names, uid=facts.uid)
         return _json(list(map(HostPriority, scores.keys(), scores.values())))
 
     # ------------------------------------------------------------------ bind
@@ -306,8 +346,11 @@ class Extender:
             # None of our resources: only the Binding to create.
             pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, None)
             return await self._write(pod, who, rollback=False)
-        result = await self._in_worker(self.state.bind, args.PodUID, args.PodNamespace,
-                                       args.PodName, args.Node, facts.request)
+        bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, facts.request)
+        try:  # on the loop when the allocator's memo holds the answer (filter asked it)
+            result = self.state.bind(*bind, search=False)
+        except NeedsSearch:
+            result = await self._in_worker(self.state.bind, *bind)
         if isinstance(result, Infeasible):
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"

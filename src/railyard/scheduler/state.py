@@ -99,6 +99,11 @@ class _Answer:
     score: int | None = None  # 0–10
 
 
+class NeedsSearch(Exception):
+    """A question asked with `search=False` needs the allocator: ask again where searching is
+    allowed (the extender's worker thread)."""
+
+
 # Stands for the refusal of names without a topology (`unknown_node_reason`).
 _UNKNOWN = Refusal("unknown node", unresolvable=True)
 
@@ -328,17 +333,18 @@ class ClusterState:
         return of_name, cast(dict[_Group, str], some_member)
 
     def _answer(self, g: _Group, member: str, request: Request, shape: tuple,
-                score: bool) -> _Answer:
+                score: bool, search: bool = True) -> _Answer:
         """The allocator's answer for a group with the part asked for filled in: the score
         (`score`), else whether the pod fits. `member` is a node of the group; `shape` is
-        `request.shape` (built once per call, not once per group)."""
+        `request.shape` (built once per call, not once per group). Without `search`, an
+        answer neither the group nor the allocator's memo holds raises NeedsSearch."""
         known = g.answers.get(shape)
         if known is not None and (known.score if score else known.fits) is not None:
             return known
         node = self._nodes[member]
         topology, empty = node.topology, node.empty
         if g is empty:
-            return self._ask(g, self._blank[empty], topology, request, shape, score)
+            return self._ask(g, self._blank[empty], topology, request, shape, score, search)
         free_gpus = 0  # set below whenever the node has not moved, the only case that reads it
         view: Ledger | None = None
         with node.lock:
@@ -349,12 +355,13 @@ class ClusterState:
                 if request.gpus <= free_gpus:
                     view = ledger.copy()  # the node as it is in `g`, searched outside the lock
         if view is not None:
-            return self._ask(g, view, topology, request, shape, score)
+            return self._ask(g, view, topology, request, shape, score, search)
         if moved:  # another thread changed the node meanwhile: answer, keep nothing here
-            return self._answer(self._group_of_name[member], member, request, shape, score)
+            return self._answer(self._group_of_name[member], member, request, shape, score,
+                                search)
         # Too few GPUs left, whatever the topology: no search needed. Whether the node could
         # ever host the pod is the empty node's answer (asked once per shape).
-        never = self._answer(empty, member, request, shape, score=False).refusal
+        never = self._answer(empty, member, request, shape, False, search).refusal
         if never is not None and never.search_budget_spent:
             never = None  # not known for the empty node; what is known here is the count
         if score:
@@ -363,15 +370,23 @@ class ClusterState:
             f"{request.gpus} GPUs requested but only {free_gpus} of {len(topology.gpus)} free"))
 
     def _ask(self, g: _Group, ledger: Ledger, topology: NodeTopology, request: Request,
-             shape: tuple, score: bool) -> _Answer:
+             shape: tuple, score: bool, search: bool = True) -> _Answer:
         if score:
-            value = max(0, min(10, int(self.allocator.node_score(topology, ledger, request))))
+            if search:
+                raw = self.allocator.node_score(topology, ledger, request)
+            else:
+                known = getattr(self.allocator, "node_score_known", None)
+                found = known(topology, ledger, request) if known is not None else None
+                if found is None:
+                    raise NeedsSearch
+                raw = int(found)
+            value = max(0, min(10, int(raw)))
             if value == 0:
                 # 0 is also what a search that spent its budget scores, which is not the
                 # group's answer: ask the allocator again (its own memo answers at once).
                 return _Answer(score=0)
             return self._keep(g, shape, score=value)
-        result = self.allocator.allocate(topology, ledger, request)
+        result = self._allocate(topology, ledger, request, search)
         if not isinstance(result, Infeasible):
             return self._keep(g, shape, fits=True)
         # The allocator's own refusal names no node. An Infeasible without one (another
@@ -380,6 +395,18 @@ class ClusterState:
         if refusal.search_budget_spent:
             return _Answer(fits=False, refusal=refusal)  # not the group's answer: not kept
         return self._keep(g, shape, fits=False, refusal=refusal)
+
+    def _allocate(self, topology: NodeTopology, ledger: Ledger, request: Request,
+                  search: bool) -> Allocation | Infeasible:
+        """The allocator's answer; without `search`, only one its memo holds (NeedsSearch
+        otherwise: an allocator without `allocate_known` always searches)."""
+        if search:
+            return self.allocator.allocate(topology, ledger, request)
+        known = getattr(self.allocator, "allocate_known", None)
+        result = known(topology, ledger, request) if known is not None else None
+        if result is None:
+            raise NeedsSearch
+        return cast(Allocation | Infeasible, result)
 
     @staticmethod
     def _keep(g: _Group, shape: tuple, *, fits: bool | None = None,
@@ -414,10 +441,11 @@ class ClusterState:
             search_budget_spent=True)
 
     def filter(self, request: Request, node_names: Iterable[str], *,
-               uid: str | None = None) -> FilterOutcome:
+               uid: str | None = None, search: bool = True) -> FilterOutcome:
         """Which nodes can host `request` now; one allocator call per group of nodes.
 
-        A pod `uid` that already holds devices fits only the node it holds them on.
+        A pod `uid` that already holds devices fits only the node it holds them on. Without
+        `search`, only from the answers the groups hold (NeedsSearch otherwise).
         """
         names = list(node_names)
         out = FilterOutcome()
@@ -440,10 +468,13 @@ class ClusterState:
         mark = self.search_mark()
         refusals: dict[_Group | None, Refusal | None] = {}
         for g, member in some_member.items():
-            if self.over_budget(mark):
-                refusals[g] = self._deferred()
-            else:
-                refusals[g] = self._answer(g, member, request, shape, score=False).refusal
+            known = g.answers.get(shape)  # the common case, without a call
+            if known is None or known.fits is None:
+                if self.over_budget(mark):
+                    refusals[g] = self._deferred()
+                    continue
+                known = self._answer(g, member, request, shape, score=False, search=search)
+            refusals[g] = known.refusal
         if None in of_name:
             refusals[None] = _UNKNOWN
         # Answer in the caller's order (kube-scheduler does not care, people reading do),
@@ -465,9 +496,10 @@ class ClusterState:
         return out
 
     def scores(self, request: Request, node_names: Iterable[str], *,
-               uid: str | None = None) -> dict[str, int]:
+               uid: str | None = None, search: bool = True) -> dict[str, int]:
         """The allocator's 0–10 score per node (0 for unknown nodes and device-less pods);
-        a pod `uid` that already holds devices scores 10 on its node, 0 elsewhere."""
+        a pod `uid` that already holds devices scores 10 on its node, 0 elsewhere. Without
+        `search`, only from the answers the groups hold (NeedsSearch otherwise)."""
         names = list(node_names)
         held = self._pods.get(uid) if uid is not None else None
         if held is not None:
@@ -479,21 +511,24 @@ class ClusterState:
         score: dict[_Group | None, int] = {None: 0}
         mark = self.search_mark()
         for g, member in some_member.items():
-            if self.over_budget(mark):
-                score[g] = 0  # not decided in this call
-                continue
-            value = self._answer(g, member, request, shape, score=True).score
-            assert value is not None
-            score[g] = value
+            known = g.answers.get(shape)  # the common case, without a call
+            if known is None or known.score is None:
+                if self.over_budget(mark):
+                    score[g] = 0  # not decided in this call
+                    continue
+                known = self._answer(g, member, request, shape, score=True, search=search)
+            assert known.score is not None
+            score[g] = known.score
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
 
     # ------------------------------------------------------------------ changes
 
     def bind(self, uid: str, namespace: str, name: str, node: str, request: Request, *,
-             decided_at: str | None = None) -> Allocation | Infeasible:
+             decided_at: str | None = None, search: bool = True) -> Allocation | Infeasible:
         """Allocate on `node` against its latest ledger and hold the devices for `uid`.
 
-        Idempotent: binding a UID again to the node it holds returns its Allocation.
+        Idempotent: binding a UID again to the node it holds returns its Allocation. Without
+        `search`, only from the allocator's memo: NeedsSearch (nothing held) otherwise.
         """
         n = self._nodes.get(node)
         if n is None:
@@ -512,7 +547,7 @@ class ClusterState:
                 view = ledger.copy()
             # Outside the lock: the event loop takes it to release pods, and must not wait
             # for a search.
-            result = self.allocator.allocate(n.topology, view, request)
+            result = self._allocate(n.topology, view, request, search)
             if isinstance(result, Infeasible):
                 return result
             with n.lock:
