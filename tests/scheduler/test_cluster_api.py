@@ -13,6 +13,7 @@ from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import build_topology, profile
+from railyard.kube.events import MAX_PENDING_EVENTS
 from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
 from railyard.records.allocation import encode_allocation
@@ -23,12 +24,7 @@ from railyard.records.nodetopology_cr import (
     status_to_json,
 )
 from railyard.records.topology import topology_to_json
-from railyard.scheduler.cluster_api import (
-    MAX_PENDING_EVENTS,
-    ClusterSync,
-    PodBinder,
-    TopologyObject,
-)
+from railyard.scheduler.cluster_api import ClusterSync, PodBinder, TopologyObject
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import UNHEALTHY_HOLDER, ClusterState
 from railyard.topology.model import NodeTopology
@@ -220,8 +216,8 @@ def test_events_beyond_the_pending_limit_are_dropped_not_queued_ahead_of_binds()
             binder._event(BoundPod("ml", f"p-{i}", str(i), "a", alloc), "Allocated", "x")
         await asyncio.sleep(0)
         client.release.set()
-        while binder._events:
+        while binder.events.pending:
             await asyncio.sleep(0.01)
-        return client.sent, binder.dropped_events
+        return client.sent, binder.events.dropped
 
     assert asyncio.run(main()) == (MAX_PENDING_EVENTS, 40)

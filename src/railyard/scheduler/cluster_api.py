@@ -21,7 +21,6 @@ import msgspec
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
 from railyard.kube.client import Client
-from railyard.kube.events import MAX_PENDING_EVENTS as MAX_PENDING_EVENTS  # its old home
 from railyard.kube.events import EventSender, event_body, event_time
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
@@ -292,14 +291,6 @@ class PodBinder:
         if pod.allocation is not None:
             self._event(pod, "Allocated",
                         f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
-
-    @property
-    def _events(self) -> set[asyncio.Task[None]]:
-        return self.events.pending
-
-    @property
-    def dropped_events(self) -> int:
-        return self.events.dropped
 
     def _event(self, pod: BoundPod, reason: str, message: str) -> None:
         """An Event on the pod, written off the bind's path: losing one loses no record."""
