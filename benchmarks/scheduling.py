@@ -175,7 +175,7 @@ class Round(msgspec.Struct):
     window_median: float  # pods bound per 1 s window
     window_p10: float
     average: float  # bound / seconds
-    cpu: dict[str, float]  # CPU-seconds per bound pod, by process
+    cpu: dict[str, float]  # CPU-milliseconds per bound pod, by process
     api_requests: dict[str, float] = {}  # API server requests per bound pod, by verb
     idle_cpu: dict[str, float] = {}  # CPU-s per s, scheduler stopped (kwok's leases...)
     idle_share: float = 0.0  # of the round's CPU, what the idle rate would have spent
@@ -185,20 +185,16 @@ class Round(msgspec.Struct):
 
 
 class Bench:
-    def __init__(self, box: Any, args: argparse.Namespace) -> None:
+    def __init__(self, box: Any, extender_port: int, args: argparse.Namespace) -> None:
         self.box, self.args = box, args
         self.config = load_kubeconfig(box.layout.admin_kubeconfig)
         self.scheduler_yaml = box.layout.dir / "config" / "kube-scheduler.yaml"
         self.plain = yaml.safe_load(self.scheduler_yaml.read_text())
         self.with_extender = dict(self.plain)
         shipped = yaml.safe_load((ROOT / "deploy/kube-scheduler-config.yaml").read_text())
-        self.extender_url = f"http://{box.layout.node_ip}:{self.box_module.EXTENDER_PORT}"
+        self.extender_url = f"http://{box.layout.node_ip}:{extender_port}"
         self.with_extender["extenders"] = [
             {**e, "urlPrefix": f"{self.extender_url}/"} for e in shipped["extenders"]]
-
-    @property
-    def box_module(self) -> ModuleType:
-        return sys.modules["kubebox"]
 
     def pid(self, name: str) -> int | None:
         return next((s.pid for s in self.box.state.started if s.name == name), None)
@@ -414,7 +410,7 @@ async def main_async(args: argparse.Namespace) -> int:
     box.up()
     say(f"box with {args.nodes} kwok nodes up in {time.monotonic() - started:.0f} s")
     try:
-        bench = Bench(box, args)
+        bench = Bench(box, kubebox.EXTENDER_PORT, args)
         names = [f"kwok-node-{i}" for i in range(args.nodes)]
         box.start_railyard_extender("--kube-qps", str(args.extender_qps),
                                     "--kube-burst", str(args.extender_qps * 2))

@@ -57,6 +57,21 @@ async def response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], b
     return int(lines[0].split()[1]), headers, body
 
 
+async def post_filter(ext: Extender, body: bytes,
+                      timeout_s: float) -> tuple[int, dict[str, str], bytes]:
+    """One whole POST /filter on a fresh connection to a fresh server, and its answer."""
+    runner, port = await serve(ext)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = await asyncio.wait_for(response(reader), timeout_s)
+        writer.close()
+        return got
+    finally:
+        await runner.cleanup()
+
+
 def metric(ext: Extender, reason: str) -> float:
     text = ext.metrics.render().decode()
     key = f'railyard_extender_shed_clients_total{{reason="{reason}"}}'
@@ -236,19 +251,7 @@ def test_the_largest_legitimate_filter_passes_the_limit():
     body = json.dumps(args(big, names)).encode()
     assert 2_800_000 < len(body) < MAX_BODY_BYTES / 2
 
-    async def scenario():
-        runner, port = await serve(ext)
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            got = await asyncio.wait_for(response(reader), 10.0)
-            writer.close()
-            return got
-        finally:
-            await runner.cleanup()
-
-    status, _, reply = asyncio.run(scenario())
+    status, _, reply = asyncio.run(post_filter(ext, body, 10.0))
     assert status == 200
     answer = json.loads(reply)
     assert answer["Error"] == "" and len(answer["FailedAndUnresolvableNodes"]) == 5000
@@ -266,19 +269,7 @@ def test_a_filter_naming_more_nodes_than_any_cluster_is_refused_before_any_searc
     names = [f"n{i}" for i in range(MAX_NODE_NAMES + 1)]
     body = json.dumps(args(pod("u1", gpus=1, vfs=1), names)).encode()
 
-    async def scenario():
-        runner, port = await serve(ext)
-        try:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-            got = await asyncio.wait_for(response(reader), 5.0)
-            writer.close()
-            return got
-        finally:
-            await runner.cleanup()
-
-    status, _, reply = asyncio.run(scenario())
+    status, _, reply = asyncio.run(post_filter(ext, body, 5.0))
     answer = json.loads(reply)
     assert status == 200 and answer["NodeNames"] is None
     assert answer["Error"] == (f"ExtenderArgs: Expected `array` of length <= {MAX_NODE_NAMES}"

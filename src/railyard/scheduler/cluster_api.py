@@ -181,8 +181,7 @@ class ClusterSync:
             log.warning("NodeTopology %s: %s; keeping the health it reported before", name, e)
             return
         if bad != self.state.unhealthy(name):
-            self.state.set_unhealthy(name, bad)
-            self._changed()
+            self.state.set_unhealthy(name, bad)  # no pod changed: no on_pods_changed
 
     def _forget_node(self, name: str) -> None:
         known = self._spec.pop(name, None)
