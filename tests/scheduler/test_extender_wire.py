@@ -190,3 +190,22 @@ def test_a_sidecar_and_an_ordinary_init_container_with_equal_resources_are_not_c
     assert pod_facts(with_init("a", None)).request.gpus == 1
     assert pod_facts(with_init("b", "Always")).request.gpus == 2
     assert pod_facts(with_init("c", None)).request.gpus == 1
+
+
+@pytest.mark.parametrize("namespace", [[], 0, False, {}, "", "Team-A", "ns\n", "a" * 64])
+def test_a_pod_namespace_that_is_not_one_is_a_wire_error_not_default(namespace):
+    # Issue 19, class 7: `[]`, `0`, `false` and "" were read as "default" by the extender.
+    p = pod("u1", gpus=1, vfs=1)
+    p["metadata"]["namespace"] = namespace
+    with pytest.raises(WireError, match=r"^Pod\.metadata\.namespace: expected a namespace"):
+        pod_facts(p)
+
+
+@pytest.mark.parametrize("namespace", [None, "MISSING"])
+def test_a_pod_without_a_namespace_is_in_default_for_the_extender(namespace):
+    p = pod("u1", gpus=1, vfs=1)
+    if namespace is None:
+        p["metadata"]["namespace"] = None
+    else:
+        p["metadata"].pop("namespace", None)
+    assert pod_facts(p).namespace == "default"

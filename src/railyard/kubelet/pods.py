@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -26,6 +25,7 @@ from railyard.allocation.names import ALLOCATION_ANNOTATION, DEFAULT_RESOURCES, 
 from railyard.allocation.request import Request, RequestError, parse_quantity, request_from_pod
 from railyard.allocation.types import Allocation
 from railyard.records.allocation import RecordError, decode_allocation
+from railyard.records.fields import FieldError, pod_namespace
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +139,6 @@ def _list(parent: dict[str, Any], key: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-# A namespace's name: an RFC 1123 label (Kubernetes' ValidateNamespaceName), full-matched.
-_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, str):
-        return repr(value[:70])
-    return f"{type(value).__name__} {str(value)[:30]}"
-
-
 def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
     """Parse a v1 Pod; PodError only when the pod cannot be identified at all."""
     if not isinstance(pod, dict):
@@ -182,13 +172,10 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
         request = request_from_pod(pod, names)
     except RequestError as e:
         request_error = str(e)
-    namespace = meta.get("namespace")
-    if namespace is None:
-        namespace = "default"  # a pods file may leave it out, as kubectl does
-    elif not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
-        # Never read as "default": such a pod would take a default pod's record by name.
-        raise PodError(f"metadata.namespace: expected a namespace (a DNS label: lower-case "
-                       f"letters, digits and '-', at most 63), got {_shown(namespace)}")
+    try:
+        namespace = pod_namespace(meta)
+    except FieldError as e:
+        raise PodError(str(e)) from None
     node = spec.get("nodeName")
     phase = status.get("phase")
     problems = []

@@ -8,6 +8,7 @@ phrased one way: "expected <what>, got <kind>" (docs/decisions/0062). Pure; no I
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterator
 from typing import Any, NoReturn
 
@@ -55,6 +56,24 @@ def kind_of(value: Any) -> str:
 
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
           list: "a list", dict: "an object"}
+
+# A namespace's name: an RFC 1123 label (Kubernetes' ValidateNamespaceName), full-matched.
+_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+def pod_namespace(meta: dict[str, Any], error: type[FieldError] = FieldError) -> str:
+    """`metadata.namespace` of a pod: a namespace's name, or `default` only when missing or
+    null (a pods file may leave it out, as kubectl does). Anything else is refused, never read
+    as `default`: such a pod would take a default pod's record by name."""
+    namespace = meta.get("namespace")
+    if namespace is None:
+        return "default"
+    if type(namespace) is not str or not _NAMESPACE.fullmatch(namespace):
+        shown = repr(namespace[:70]) if isinstance(namespace, str) else kind_of(namespace)
+        raise error("metadata.namespace", "expected a namespace (a DNS label: lower-case "
+                    f"letters, digits and '-', at most 63), got {shown}")
+    return namespace
+
 
 PCI_ADDRESS_FORM = "a PCI address (dddd:bb:dd.f, domain of 4 to 8 hex digits)"
 _pci_match = PCI_ADDRESS_RE.fullmatch

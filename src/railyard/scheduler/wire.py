@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 
 from railyard.allocation.request import Request, RequestError, request_from_pod
+from railyard.records.fields import FieldError, pod_namespace
 
 
 class WireError(ValueError):
@@ -126,9 +127,10 @@ def pod_facts(pod: dict[str, Any] | None,
     name = meta.get("name")
     if not isinstance(name, str) or not name:
         raise WireError("Pod.metadata.name: missing")
-    namespace = meta.get("namespace") or "default"
-    if not isinstance(namespace, str):
-        raise WireError("Pod.metadata.namespace: expected a string")
+    try:
+        namespace = pod_namespace(meta)
+    except FieldError as e:
+        raise WireError(f"Pod.{e}") from None
     key = _request_key(pod)
     request = _requests.get(key) if key is not None else None
     if request is None:
