@@ -101,14 +101,32 @@ def _views(*pods):
     return [pod_view(p) for p in pods]
 
 
-def test_oldest_decision_first_and_records_before_bypassing_pods():
-    a = allocation(TOPO, [(0, near_vf(0))], decided_at="2026-01-02T00:00:00Z")
-    b = allocation(TOPO, [(1, near_vf(1))], decided_at="2026-01-01T00:00:00Z")
-    pods = _views(pod("direct", {"c": {VF: 1}}, created="2025-01-01T00:00:00Z"),
-                  pod("a", {"c": {VF: 1}}, alloc=a), pod("b", {"c": {VF: 1}}, alloc=b))
+def test_kubelets_creation_order_decides_not_what_the_records_say():
+    # Issue 19, class 5: ordered by `decidedAt`, a pod stamping its own record 1970 went
+    # ahead of every other; and a pod with any record went ahead of pods without one.
+    early = allocation(TOPO, [(0, near_vf(0))], decided_at="1970-01-01T00:00:00Z")
+    late = allocation(TOPO, [(1, near_vf(1))], decided_at="2026-01-02T00:00:00Z")
+    pods = _views(pod("steerer", {"c": {VF: 1}}, alloc=early, created="2026-01-03T00:00:00Z"),
+                  pod("direct", {"c": {VF: 1}}, created="2026-01-01T00:00:00Z"),
+                  pod("decided", {"c": {VF: 1}}, alloc=late, created="2026-01-02T00:00:00Z"))
     cands = candidates(pods, {}, NODE, NAMES, VF, 1)
-    assert [c.pod.uid for c in cands] == ["b", "a", "direct"]
-    assert cands[0].expected == (near_vf(1),)
+    assert [c.pod.uid for c in cands] == ["direct", "decided", "steerer"]
+    assert match_allocate(cands, [near_vf(5)]).pod.uid == "direct"
+    assert cands[2].expected == (near_vf(0),)
+
+
+def test_two_records_naming_the_same_devices_do_not_decide_which_pod_is_served():
+    # A record copied from another pod's: the exact match no longer singles one out, so the
+    # pod GetPreferredAllocation planned for is served, else kubelet's (creation) order.
+    same = allocation(TOPO, [(0, near_vf(0))])
+    copy = allocation(TOPO, [(0, near_vf(0))], decided_at="1970-01-01T00:00:00Z")
+    pods = _views(pod("owner", {"c": {VF: 1}}, alloc=same, created="2026-01-01T00:00:00Z"),
+                  pod("copier", {"c": {VF: 1}}, alloc=copy, created="2026-01-02T00:00:00Z"))
+    cands = candidates(pods, {}, NODE, NAMES, VF, 1)
+    assert match_allocate(cands, [near_vf(0)]).pod.uid == "owner"
+    assert match_allocate(cands, [near_vf(0)], hint=("copier", "c")).pod.uid == "copier"
+    alone = candidates(pods[1:], {}, NODE, NAMES, VF, 1)
+    assert match_allocate(alone, [near_vf(0)]).pod.uid == "copier"
 
 
 def test_other_nodes_running_pods_and_wrong_sizes_are_not_candidates():

@@ -2,9 +2,12 @@
 
 The pod being admitted is pending on this node, and its next container in kubelet's order
 (init containers first) asks for exactly as many devices as kubelet does. A pod kubelet has
-started admitting comes first (it admits one pod at a time), then recorded pods by oldest
-`decidedAt`, then pods with no record (they bypassed the scheduler), oldest first. The
-record is the node's state store first, else the scheduler's annotation. Pure, no I/O.
+started admitting comes first (it admits one pod at a time), then pods by creation time, the
+order kubelet admits a batch in (`HandlePodAdditions` sorts by `creationTimestamp`). Nothing a
+pod writes itself orders them: not its record's `decidedAt`, nor whether it has a record at
+all (issue 19, class 5: a pod stamping itself an early `decidedAt` was served another pod's
+Allocate). The record is the node's state store first, else the scheduler's annotation.
+Pure, no I/O.
 """
 
 from __future__ import annotations
@@ -65,10 +68,9 @@ def recorded(pod: PodView, records: Mapping[str, PodRecord]) -> tuple[Allocation
 def _order(c: Candidate) -> tuple:
     # Kubelet admits one pod at a time, calling every plugin for each of its containers
     # before it starts the next pod: a pod with some devices allocated and some not is the
-    # one being admitted, whatever the ages of the others' decisions.
-    a = c.allocation
-    return (not c.admitting, a is None, (a.decided_at or "~") if a else "", c.pod.created,
-            c.pod.namespace, c.pod.name)
+    # one being admitted. Then the API server's creation time and the pod's name: facts the
+    # pod author cannot choose (the store's `consumed` is the node's own).
+    return (not c.admitting, c.pod.created or "~", c.pod.namespace, c.pod.name)
 
 
 def reusable(pod: PodView, rec: PodRecord | None, resource: str,
@@ -166,11 +168,14 @@ def match_allocate(cands: list[Candidate], ids: Iterable[str],
     for c in cands:
         if c.held & want:
             return c
-    for c in cands:
-        if c.expected and set(c.expected) == want:
-            return c
+    exact = [c for c in cands if c.expected and set(c.expected) == want]
+    if len(exact) == 1:
+        return exact[0]
+    # Two records naming the same devices: one of them was not the scheduler's. Which pod
+    # GetPreferredAllocation planned for decides, else kubelet's order; never the records.
     if hint is not None:
         for c in cands:
             if (c.pod.uid, c.container) == hint:
                 return c
-    return cands[0] if cands else None
+    ordered = exact or cands
+    return ordered[0] if ordered else None
