@@ -221,3 +221,18 @@ def test_events_beyond_the_pending_limit_are_dropped_not_queued_ahead_of_binds()
         return client.sent, binder.events.dropped
 
     assert asyncio.run(main()) == (MAX_PENDING_EVENTS, 40)
+
+
+def test_a_pod_bound_without_devices_is_left_to_the_api_server_once_its_events_arrive():
+    # The extender records the bind (so a second bind at once is refused); from the pod's
+    # next event the API server is the record (it refuses a Binding for a pod that has a
+    # node), and the extender keeps nothing for a pod holding no devices.
+    sync = synced("a", "b")
+    assert sync.state.bind_without_devices("1", "ml", "p-1", "a") is None
+    assert sync.state.bind_without_devices("1", "ml", "p-1", "a") is None  # a retry
+    refused = sync.state.bind_without_devices("1", "ml", "p-1", "b")
+    assert refused is not None and "already bound to 'a'" in refused.reason
+    bound = Pod(ObjectMeta(name="p-1", namespace="ml", uid="1"), PodSpec(node_name="a"),
+                PodStatus(phase="Pending"))
+    sync.on_pod(Change("MODIFIED", "ml/p-1", bound))
+    assert sync.state.pods() == []

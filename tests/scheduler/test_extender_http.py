@@ -236,7 +236,9 @@ def test_pods_without_devices_are_bound_through_the_writer_without_an_allocation
 
     assert run(scenario, ext) == (200, {"Error": ""})
     assert writer.bound == [BoundPod("default", "pod-plain", "plain", "dgx-h100-000", None)]
-    assert ext.state.pods() == []
+    # Held by nothing but its node: the record that keeps it on one node (issue 19).
+    assert ext.state.pods() == writer.bound
+    assert all(len(ext.state.ledger(n)) == 0 for n in NAMES)
 
 
 # kube-scheduler's side of preemption (pkg/scheduler/framework/preemption): its victims on
@@ -500,3 +502,59 @@ def test_a_bind_arriving_while_its_pods_release_is_recorded_waits_and_binds_afre
     assert waited and deleted == 200 and releases.released == ["u1"]
     assert rebound == (200, {"Error": ""})
     assert ext.state.pod("u1") is not None and len(ext.state.ledger("dgx-h100-000")) == 1
+
+
+def test_a_pod_asking_for_no_devices_is_bound_to_one_node_only():
+    # Before, its bind recorded nothing: a second bind of the same UID to another node was
+    # answered "bound" too (issue 19, class 7).
+    ext = extender()
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1"), NAMES))
+        first = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        retry = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+        other = await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-001"))
+        filtered = await post(s, f"{url}/filter", args(pod("u1"), NAMES))
+        return first, retry, other, filtered
+
+    first, retry, other, (_, filtered) = run(scenario, ext)
+    assert first == retry == (200, {"Error": ""})
+    assert "already bound to 'dgx-h100-000'" in other[1]["Error"]
+    assert filtered["NodeNames"] == ["dgx-h100-000"]  # as for a pod holding devices (0027)
+    held = ext.state.pod("u1")
+    assert held is not None and held.node == "dgx-h100-000" and held.allocation is None
+    assert all(len(ext.state.ledger(n)) == 0 for n in NAMES)
+
+
+def test_two_binds_of_a_pod_asking_for_no_devices_at_once_bind_it_once():
+    writer = GatedWriter(fail=False)
+    ext = extender(writer)
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1"), NAMES))
+        binds = [asyncio.ensure_future(post(s, f"{url}/bind", bind_args("u1", node)))
+                 for node in ("dgx-h100-000", "dgx-h100-001")]
+        await asyncio.sleep(0.05)
+        writer.gate.set()
+        return await asyncio.gather(*binds)
+
+    results = run(scenario, ext)
+    errors = [body["Error"] for _, body in results]
+    assert errors[0] == "" and "already bound to 'dgx-h100-000'" in errors[1]
+    assert [p.node for p in writer.bound] == ["dgx-h100-000"]
+
+
+def test_a_failed_write_of_a_bind_without_devices_leaves_the_pod_unbound():
+    class Failing:
+        async def bind(self, pod: BoundPod) -> None:
+            raise OSError("disk full")
+
+    ext = extender(Failing())
+
+    async def scenario(s, url):
+        await post(s, f"{url}/filter", args(pod("u1"), NAMES))
+        return await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
+
+    _, body = run(scenario, ext)
+    assert "disk full" in body["Error"] and ext.state.pod("u1") is None
+

@@ -279,3 +279,15 @@ def test_a_short_write_of_a_snapshot_never_replaces_the_journal(tmp_path):
     assert said.startswith("refused") and "cannot write a snapshot" in said
     assert replayed == ["a", "b", "c"]
     assert os.listdir(tmp_path) == ["state"]  # the partial snapshot is not left behind
+
+
+def test_a_bind_without_devices_is_recorded_and_replayed(tmp_path):
+    # A pod asking for no Railyard devices is still bound to one node: a restart must not
+    # forget where, or a second bind to another node would be taken (issue 19, class 7).
+    path = tmp_path / "state"
+    sf, _ = StateFile.open(path)
+    sf.compact()
+    plain = BoundPod("ml", "p-plain", "plain", "gpu-1", None)
+    asyncio.run(sf.bind(plain))
+    sf.close()
+    assert read_state(path) == [plain]

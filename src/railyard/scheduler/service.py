@@ -343,9 +343,18 @@ class Extender:
 
     async def _bind(self, args: ExtenderBindingArgs, facts: PodFacts, who: str) -> str:
         if not facts.request.wants_devices:
-            # None of our resources: only the Binding to create.
+            # None of our resources, but bound once all the same: the record says where
+            # (with the API, the Binding also refuses a pod that has a node).
+            refused = self.state.bind_without_devices(args.PodUID, args.PodNamespace,
+                                                      args.PodName, args.Node)
+            if refused is not None:
+                self.metrics.failure("bind", m.ALREADY_BOUND)
+                return refused.reason
             pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, None)
-            return await self._write(pod, who, rollback=False)
+            error = await self._write(pod, who)
+            if not error:
+                self.metrics.pods.set(self.state.pod_count())
+            return error
         bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, facts.request)
         try:  # on the loop when the allocator's memo holds the answer (filter asked it)
             result = self.state.bind(*bind, search=False)
@@ -355,20 +364,19 @@ class Extender:
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"
         pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, result)
-        error = await self._write(pod, who, rollback=True)
+        error = await self._write(pod, who)
         if not error:
             self.metrics.allocations.inc()
             self.metrics.pods.set(self.state.pod_count())
         return error
 
-    async def _write(self, pod: BoundPod, who: str, *, rollback: bool) -> str:
+    async def _write(self, pod: BoundPod, who: str) -> str:
         if self.writer is None:
             return ""
         try:
             await self.writer.bind(pod)
         except Exception as e:  # any writer failure: undo, let kube-scheduler retry
-            if rollback:
-                self.state.release(pod.uid)
+            self.state.release(pod.uid)
             self.metrics.failure("bind", m.WRITE_FAILED)
             log.warning("recording %s on %s failed: %s", who, pod.node, e)
             return f"recording {who} on {pod.node} failed (nothing held): {e}"
@@ -444,7 +452,7 @@ class Extender:
                     break
             pod = self.state.pod(uid)
             if pod is None:
-                return _json({"error": f"no pod with uid {uid!r} holds Railyard devices"}, 404)
+                return _json({"error": f"no pod with uid {uid!r} is bound by Railyard"}, 404)
             done = asyncio.get_running_loop().create_future()
             self._releasing[uid] = done
             try:

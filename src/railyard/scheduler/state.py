@@ -567,6 +567,26 @@ class ClusterState:
         return Infeasible(f"node {node!r} changed during each of {_BIND_TRIES} searches for "
                           f"{who}; kube-scheduler will retry")
 
+    def bind_without_devices(self, uid: str, namespace: str, name: str,
+                             node: str) -> Infeasible | None:
+        """Record that `uid`, a pod asking for no Railyard devices, is bound to `node`;
+        None when done (or it already was, to the same node).
+
+        It holds nothing, but a pod is bound once: without the record, a second bind of the
+        same UID to another node would be taken too (issue 19).
+        """
+        if node not in self._nodes:
+            return Infeasible(unknown_node_reason(node), unresolvable=True)
+        with self._pods_lock:
+            held = self._pods.get(uid)
+            if held is None:
+                self._pods[uid] = BoundPod(namespace, name, uid, node, None)
+                return None
+        if held.node == node and held.allocation is None:
+            return None
+        return Infeasible(f"pod {namespace}/{name} ({uid}) is already bound to {held.node!r}",
+                          unresolvable=True)
+
     def release(self, uid: str) -> BoundPod | None:
         """Free what `uid` holds; None when it holds nothing (release is idempotent)."""
         pod = self._pods.get(uid)
@@ -624,9 +644,8 @@ class ClusterState:
                 self._hold_unhealthy(n)
                 self._regroup(n)
             with self._pods_lock:
-                for p in pods:
-                    if p.allocation is not None:
-                        self._pods[p.uid] = p
+                for p in pods:  # a pod bound without devices holds nothing but its node
+                    self._pods[p.uid] = p
 
     # ------------------------------------------------------------------ preemption
 

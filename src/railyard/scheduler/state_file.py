@@ -206,9 +206,8 @@ class StateFile:
     # ------------------------------------------------------------------ writing (async)
 
     async def bind(self, pod: BoundPod) -> None:
-        """Record the bound pod durably (returns after fsync); StateFileError on failure."""
-        if pod.allocation is None:
-            return  # nothing to rebuild a ledger from
+        """Record the bound pod durably (returns after fsync); StateFileError on failure.
+        A pod without devices is recorded too: it is bound to its node all the same."""
         await self._submit("bind", pod.uid, _line({"bind": pod_to_json(pod)}))
 
     async def release(self, uid: str) -> None:
