@@ -506,3 +506,28 @@ async def test_agent_start_rebuilds_a_lost_record_from_podresources(tmp_path, ge
         assert rec.allocation.decided_by == "node"  # kubelet's VF differs from the record
         assert {p.nic.pci_address for p in rec.allocation.pairs} == {VFS0[0], VFS1[1]}
         assert r.agent.store.granted_nics("uid-a")[0].pci_address == VFS0[0]
+
+
+@async_test
+async def test_agent_start_says_which_records_it_rebuilt_and_what_it_could_not(
+        tmp_path, generic_tree, caplog):
+    """The state folder is gone (nothing in the store) while kubelet says pod a holds a GPU
+    and a VF, and pod b a GPU: both records come back, the log names them, and says that a's
+    VF has no CNI attachment record to put it back with."""
+    a = allocation(TOPO, [(0, VFS0[0])])
+    pods = [pod("uid-a", {"main": {GPU: 1, VF: 1}}, alloc=a, name="a", phase="Running"),
+            pod("uid-b", {"main": {GPU: 1}}, name="b", phase="Running")]
+    assigned = {("team", "a", "main", VF): [VFS0[0]], ("team", "a", "main", GPU): [G0],
+                ("team", "b", "main", GPU): [G1]}
+    caplog.set_level(logging.WARNING, logger="railyard.agent.agent")
+    async with rig(tmp_path, generic_tree, pods, assigned=assigned) as r:
+        for _ in range(100):  # the check at start runs in the background
+            if "node state rebuilt" in caplog.text:
+                break
+            await asyncio.sleep(0.02)
+        assert {rec.uid for rec in r.agent.store.all()} == {"uid-a", "uid-b"}
+    said = [m for m in caplog.messages if "node state rebuilt" in m]
+    assert len(said) == 1, caplog.messages
+    assert "for 2 pod(s): " in said[0] and "team/a" in said[0] and "team/b" in said[0]
+    assert "no CNI attachment record of the NICs of team/a (uid-a):" in said[0]
+    assert "team/b" not in said[0].split("no CNI attachment")[1]

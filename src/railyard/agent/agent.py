@@ -40,18 +40,21 @@ from railyard.kubelet.health_events import (
     unhealthy_message,
 )
 from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
+from railyard.kubelet.pairmap import PAIRS_FILE
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
 from railyard.kubelet.pods import PodSource, PodView
 from railyard.kubelet.report import node_status
 from railyard.kubelet.resolver import Kind
-from railyard.kubelet.response import ContainerGrant, devinfo_file_name
+from railyard.kubelet.response import ContainerGrant, Mount, devinfo_file_name
 from railyard.kubelet.watch import FolderWatch
 from railyard.kubelet.writeback import AllocationWriteBack
 from railyard.node.attachments import attached_pods
+from railyard.node.errors import StateError
 from railyard.node.files import write_atomic
+from railyard.node.pairfiles import PairFiles
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
-from railyard.node.state import StateStore
+from railyard.node.state import PodRecord, StateStore
 from railyard.records.nodetopology_cr import (
     NodeTopologyResourceError,
     NodeTopologyStatus,
@@ -68,6 +71,7 @@ PUBLISH_INTERVAL_S = 1.0  # at most one NodeTopology status write per interval
 PUBLISH_RETRY_S = 5.0
 EVENTS_NAMESPACE = "default"  # a Node's Events, as kubelet writes them
 EVENT_COMPONENT = "railyard-agent"
+STATE_REBUILT = "RailyardNodeStateRebuilt"  # the Node Event when records were made again
 EVENTS_DRAIN_S = 1.0  # at stop, Events in flight get this long before the client closes
 
 
@@ -103,6 +107,7 @@ class Agent:
         # power loss could lose is rebuilt from PodResources by the check at start.
         self.store = StateStore(options.state_dir, node=options.node_name,
                                 durability="deferred")
+        self.pair_files = PairFiles(options.state_dir)
         self.lists: dict[Kind, DeviceList] = {}
         self.endpoints: dict[Kind, PluginEndpoint] = {}
         self.admission: Admission | None = None
@@ -163,7 +168,7 @@ class Agent:
         self.admission = Admission(self.topology, self.store, self.pods, names,
                                    offered=self._healthy_offered,
                                    on_allocated=self._after_allocate,
-                                   served=tuple(self.lists))
+                                   served=tuple(self.lists), pair_map=self.config.pair_map)
         await self._scan_health()
         resource = {"gpu": names.gpu, "vf": names.vf, "pf": names.pf}
         for kind, listed in self.lists.items():
@@ -195,7 +200,7 @@ class Agent:
                 self.topology, {d.pci_address: d.reason for d in found})
             self._raise_health_events()
             self._tasks.append(asyncio.create_task(self._publish_loop(), name="publish"))
-        self._verify_task = asyncio.create_task(self._check())  # repair what a crash lost
+        self._verify_task = asyncio.create_task(self._check_at_start())  # what a crash lost
 
     async def stop(self) -> None:
         for w in self._watches:
@@ -344,7 +349,8 @@ class Agent:
     # ------------------------------------------------------------------ after Allocate
 
     def _after_allocate(self, pod: PodView | None, grant: ContainerGrant) -> None:
-        """Device-info files for Multus (pod or not), then a PodResources check soon."""
+        """Device-info files for Multus (pod or not), the container's pair file and its
+        mount, then a PodResources check soon."""
         folder = Path(self.config.devinfo_dir)
         for name, body in grant.devinfo.items():
             try:
@@ -352,6 +358,17 @@ class Agent:
                 write_atomic(folder / name, body.encode(), mode=0o644)
             except OSError as e:
                 log.warning("device-info file %s: %s", folder / name, e.strerror or e)
+        pf = grant.pair_file
+        if pf is not None:
+            # Before Allocate answers: kubelet bind-mounts the file when it creates the
+            # container. Without it the container still starts, with every variable.
+            try:
+                path = self.pair_files.write(pf.uid, pf.container, pf.body)
+            except (OSError, StateError) as e:
+                log.warning("%s: pair file for %s not written (%s); the container gets no "
+                            "%s", pod, pf.container, e, PAIRS_FILE)
+            else:
+                grant.mounts.append(Mount(PAIRS_FILE, str(path.resolve()), read_only=True))
         self._report.set()
         if self._verify_task is None or self._verify_task.done():
             self._verify_task = asyncio.get_running_loop().create_task(self._verify_later())
@@ -366,6 +383,40 @@ class Agent:
         if self.write_back is not None:
             self._report.set()
             await self.write_back.write()
+
+    async def _check_at_start(self) -> None:
+        """The first check; records it had to make again are said: the node state folder was
+        lost (or the agent is new beside running pods)."""
+        had = {r.uid for r in self.store.all()}
+        await self._check()
+        rebuilt = [r for r in self.store.all() if r.uid not in had]
+        if rebuilt:
+            self._say_rebuilt(rebuilt)
+
+    def _say_rebuilt(self, rebuilt: list[PodRecord]) -> None:
+        """Log and tell on the Node (Warning `RailyardNodeStateRebuilt`) which pods' records
+        came back from kubelet's PodResources and the API, and what could not: the CNI's
+        record of devices an ADD moved, which only the ADD knew."""
+        pods = ", ".join(str(r.pod) for r in rebuilt)
+        attached = attached_pods(self.options.state_dir)
+        unmoored = [r for r in rebuilt if r.allocation.all_nics and r.uid not in attached]
+        message = (f"node state rebuilt from kubelet's PodResources and the API for "
+                   f"{len(rebuilt)} pod(s): {pods}")
+        if unmoored:
+            named = ", ".join(str(r.pod) for r in unmoored)
+            message += (f"; no CNI attachment record of the NICs of {named}: "
+                        f"if an ADD moved them into the pod, its DEL cannot put them back "
+                        f"(a VF returns to the host when the pod's network namespace goes, "
+                        f"under the name the pod gave it)")
+        log.warning("%s", message)
+        if self.events is None:
+            return
+        node = self.options.node_name
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node}
+        self.events.send(event_body(involved, EVENTS_NAMESPACE, STATE_REBUILT, message,
+                                    type_=WARNING, component=EVENT_COMPONENT, instance=node,
+                                    host=node, now=event_time()),
+                         fill=self._node_uid_into)
 
     async def verify(self) -> list[str]:
         """Compare the store with PodResources now; the warnings it logged."""
@@ -410,7 +461,14 @@ class Agent:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.config.devinfo_dir,
                                            devinfo_file_name(resource, n.pci_address)))
+            self.pair_files.remove(r.uid)
             log.info("forgot %s: the pod is gone", r.pod)
+        # Pair files whose pod has neither a record nor a live object (an agent stopped
+        # between writing one and recording the pod, or a record removed by hand).
+        recorded = {r.uid for r in records} - gone_uids
+        for uid in self.pair_files.pods():
+            if uid not in live and uid not in recorded:
+                self.pair_files.remove(uid)
         return removed
 
     async def _gc_loop(self) -> None:
