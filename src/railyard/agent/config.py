@@ -14,6 +14,7 @@ Example (JSON or YAML):
     devinfoDir: /var/run/k8s.cni.cncf.io/devinfo/dp
     cniDevinfoDir: /var/run/k8s.cni.cncf.io/devinfo/cni   # the in-process CNI service's
     healthIntervalS: 1
+    pairMap: {ncclGpuNicAffinity: false, podIfname: net1}   # docs/pair-map.md
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
+from railyard.kubelet.pairmap import DEFAULT_PAIR_MAP, PairMapOptions
 from railyard.kubelet.selectors import PfName, Selector
 from railyard.node.paths import CNI_DEVINFO_DIR, DEVINFO_DIR
 from railyard.records.fields import FieldError, Fields
@@ -50,6 +52,7 @@ class AgentConfig:
     cni_devinfo_dir: str = CNI_DEVINFO_DIR  # where --cni-socket's service writes them
     health_interval_s: float = 1.0
     verify_delay_s: float = 1.0  # PodResources check after an Allocate
+    pair_map: PairMapOptions = DEFAULT_PAIR_MAP  # the opt-in forms of the pair map
 
 
 # ----------------------------------------------------------------------- parsing
@@ -146,7 +149,7 @@ def config_from_dict(d: Any) -> AgentConfig:
         return AgentConfig()
     f = Fields(d, "", ConfigError)
     f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "devinfoDir",
-            "cniDevinfoDir", "healthIntervalS", "verifyDelayS"))
+            "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap"))
     res = f.object("resources", optional=True)
     res.only(("gpu", "vf", "pf"))
     names = {}
@@ -178,7 +181,26 @@ def config_from_dict(d: Any) -> AgentConfig:
                                  what="a folder path"),
         health_interval_s=_seconds(f, "healthIntervalS", 1.0),
         verify_delay_s=_seconds(f, "verifyDelayS", 1.0),
+        pair_map=_pair_map(f.object("pairMap", optional=True)),
     )
+
+
+# What the kernel takes as an interface name (dev_valid_name), leaving room for the `-<i>`
+# the CNI appends for a pod's later NICs (railyard.node.ifnames).
+_IFNAME = re.compile(r"[^/:\s]{1,12}")
+
+
+def _pair_map(f: Fields) -> PairMapOptions:
+    f.only(("ncclGpuNicAffinity", "podIfname"))
+    ifname = f.string("podIfname", nonempty=True, default=DEFAULT_PAIR_MAP.pod_ifname,
+                      what="an interface name")
+    if not _IFNAME.fullmatch(ifname) or len(ifname.encode()) > 12 or ifname in (".", ".."):
+        f.fail("podIfname", f"expected an interface name of at most 12 bytes without '/', "
+                            f"':' or spaces, got {ifname!r}")
+    return PairMapOptions(
+        nccl_gpu_nic_affinity=f.boolean("ncclGpuNicAffinity",
+                                        DEFAULT_PAIR_MAP.nccl_gpu_nic_affinity),
+        pod_ifname=ifname)
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:

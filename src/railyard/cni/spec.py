@@ -17,6 +17,7 @@ from enum import IntEnum
 from typing import Any
 
 from railyard.cni.shim import LATEST_VERSION, NESTED_TOO_DEEPLY, SUPPORTED_VERSIONS
+from railyard.node.ifnames import pod_ifname
 from railyard.records.fields import FieldError, Fields
 
 __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
@@ -117,8 +118,9 @@ def _is_utf8(text: str) -> bool:
 
 
 def pair_ifnames(ifname: str, count: int) -> tuple[str, ...]:
-    """Names in pair order: the first pair's NIC takes CNI_IFNAME, pair i takes `<ifname>-<i>`."""
-    names = tuple(ifname if i == 0 else f"{ifname}-{i}" for i in range(count))
+    """Names in pair order: the first pair's NIC takes CNI_IFNAME, pair i takes `<ifname>-<i>`
+    (`railyard.node.ifnames`, the rule the device plugin's pair map names them by too)."""
+    names = tuple(pod_ifname(ifname, i) for i in range(count))
     for n in names[1:]:
         if len(n.encode()) > 15:
             raise CniError(Code.INVALID_ENV,

@@ -40,6 +40,15 @@ from railyard.kubelet.decision import (
     partners,
 )
 from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
+from railyard.kubelet.pairmap import (
+    DEFAULT_PAIR_MAP,
+    PairMapOptions,
+    container_pairs,
+    hcas,
+    nccl_ib_hca,
+    pair_file_json,
+    pair_map_envs,
+)
 from railyard.kubelet.podresources import AssignedPod
 from railyard.kubelet.pods import PodSource, PodView
 from railyard.kubelet.resolver import (
@@ -54,6 +63,7 @@ from railyard.kubelet.resolver import (
 from railyard.kubelet.response import (
     PAIRS_ENV,
     ContainerGrant,
+    PairFile,
     gpu_grant,
     in_pair_order,
     nic_grant,
@@ -80,7 +90,8 @@ class Admission:
                  allocator: Allocator | None = None,
                  clock: Callable[[], str] = utc_now,
                  on_allocated: AfterAllocate | None = None,
-                 served: Iterable[Kind] = KINDS) -> None:
+                 served: Iterable[Kind] = KINDS,
+                 pair_map: PairMapOptions = DEFAULT_PAIR_MAP) -> None:
         self.topology = topology
         self.node = topology.node
         self.store = store
@@ -91,6 +102,7 @@ class Admission:
         self.allocator = allocator if allocator is not None else Allocator()
         self.clock = clock
         self.on_allocated = on_allocated
+        self.pair_map = pair_map
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
         self.served = frozenset(served)
@@ -337,13 +349,13 @@ class Admission:
         for warning in decision.warnings:
             log.warning("%s", warning)
         self.store.put(self._key(pod), decision.allocation, consumed=decision.consumed)
-        grant = self._grant_for(decision, kind, resource, ids)
+        grant = self._grant_for(decision, kind, resource, ids, pod, c.container)
         if self.on_allocated is not None:
             self.on_allocated(pod, grant)
         return grant
 
-    def _grant_for(self, d: AllocateDecision, kind: Kind, resource: str,
-                   ids: list[str]) -> ContainerGrant:
+    def _grant_for(self, d: AllocateDecision, kind: Kind, resource: str, ids: list[str],
+                   pod: PodView, container: str) -> ContainerGrant:
         """The container's answer for this call: its devices, mounts and variables."""
         alloc = d.allocation
         grant = self._grant(kind, resource, ids, alloc)
@@ -352,15 +364,25 @@ class Admission:
             # variable that spans resources comes from the container's last plugin only.
             grant.envs.pop("NCCL_IB_HCA", None)
         if d.last:
+            # The pair map in every form, once kubelet has given the container everything.
             nics = [*d.container_ids["vf"], *d.container_ids["pf"]]
             grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=d.container_ids["gpu"], nics=nics)
-            if d.spans_nic_kinds:
-                held = set(nics)
-                hcas = list(dict.fromkeys(n.rdma_device for n in alloc.all_nics
-                                          if n.pci_address in held and n.rdma_device))
-                if hcas:
-                    grant.envs["NCCL_IB_HCA"] = "=" + ",".join(f"{h}:1" for h in hcas)
+            recorded = {n.pci_address: n for n in alloc.all_nics}
+            held = container_pairs(alloc, d.container_ids["gpu"], nics,
+                                   named={i: self._nic_ref(i, recorded) for i in nics
+                                          if i in self.index.nics})
+            if d.spans_nic_kinds and (devices := hcas(held.nics)):
+                grant.envs["NCCL_IB_HCA"] = nccl_ib_hca(devices)
+            grant.envs.update(pair_map_envs(held, self.pair_map))
+            grant.pair_file = PairFile(pod.uid, container, pair_file_json(
+                held, namespace=pod.namespace, pod=pod.name, uid=pod.uid, container=container,
+                options=self.pair_map))
         return grant
+
+    def _nic_ref(self, pci: str, recorded: Mapping[str, NicRef]) -> NicRef:
+        """A NIC as this node's discovery names it; the record only fills a gap."""
+        ref, rec = self.index.nics[pci], recorded.get(pci)
+        return rec if rec is not None and ref.rdma_device is None else ref
 
     def _grant(self, kind: Kind, resource: str, given: list[str],
                alloc: Allocation | None) -> ContainerGrant:
@@ -368,13 +390,7 @@ class Admission:
         if kind == "gpu":
             return gpu_grant([self.index.gpu_ref(i) for i in ordered])
         recorded = {n.pci_address: n for n in alloc.all_nics} if alloc else {}
-        nics = []
-        for i in ordered:
-            # This node's discovery names the device; the record only fills a gap.
-            ref, rec = self.index.nics[i], recorded.get(i)
-            if rec is not None and ref.rdma_device is None:
-                ref = rec
-            nics.append(ref)
+        nics = [self._nic_ref(i, recorded) for i in ordered]
         return nic_grant(resource, nics, {i: self.index.uverbs.get(i) for i in ordered})
 
     # ------------------------------------------------------------------ check

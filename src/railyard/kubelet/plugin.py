@@ -111,6 +111,8 @@ def grant_to_pb(g: ContainerGrant) -> pb.ContainerAllocateResponse:
         devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path,
                                permissions=d.permissions) for d in g.devices],
         annotations=g.annotations,
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path,
+                         read_only=m.read_only) for m in g.mounts],
     )
 
 

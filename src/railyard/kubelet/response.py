@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef
+from railyard.kubelet.pairmap import nccl_ib_hca
 from railyard.kubelet.resolver import Kind
 
 RDMA_CM = "/dev/infiniband/rdma_cm"
@@ -28,12 +29,31 @@ class DeviceNode:
     permissions: str = "rw"
 
 
+@dataclass(frozen=True, slots=True)
+class Mount:
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PairFile:
+    """A container's pair file (`pairmap.pair_file_json`), for the agent to write on the node
+    and mount at `pairmap.PAIRS_FILE`."""
+
+    uid: str
+    container: str
+    body: str
+
+
 @dataclass(slots=True)
 class ContainerGrant:
     envs: dict[str, str] = field(default_factory=dict)
     devices: list[DeviceNode] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     devinfo: dict[str, str] = field(default_factory=dict)  # file name -> JSON content
+    mounts: list[Mount] = field(default_factory=list)
+    pair_file: PairFile | None = None  # set by the container's last plugin of ours
 
 
 def pcidevice_env(resource: str) -> str:
@@ -110,9 +130,7 @@ def nic_grant(resource: str, nics: list[NicRef], uverbs: dict[str, str | None]) 
     if nics:
         g.devices.append(DeviceNode(RDMA_CM, RDMA_CM))
     if hcas:
-        # "=" asks NCCL for exact names (no prefix match); port 1: a VF has one port, and
-        # Railyard hands out PFs per port-1 function.
-        g.envs["NCCL_IB_HCA"] = "=" + ",".join(f"{h}:1" for h in hcas)
+        g.envs["NCCL_IB_HCA"] = nccl_ib_hca(hcas)
     env = pcidevice_env(resource)
     g.envs[env] = ",".join(n.pci_address for n in nics)
     g.envs[env + "_INFO"] = json.dumps(info, separators=(",", ":"))
