@@ -11,14 +11,18 @@ import pytest
 from scheduler_helpers import args, node_list, pod, served
 
 from railyard.allocation.request import Request
+from railyard.scheduler.access import AdminToken
 from railyard.scheduler.cluster_file import BoundPod, cluster_from_spec
 from railyard.scheduler.service import Extender
 from railyard.scheduler.state import ClusterState
 
 NAMES = ["dgx-h100-000", "dgx-h100-001", "hgx-h100-4nic-000"]
+TOKEN = "admin-token-for-the-tests"
+ADMIN = {"Authorization": f"Bearer {TOKEN}"}  # DELETE /pods/<uid> needs it (decision 0083)
 
 
 def extender(writer=None, **kw) -> Extender:
+    kw.setdefault("admin_token", AdminToken.of(TOKEN.encode()))
     return Extender(ClusterState(cluster_from_spec("dgx-h100:2,hgx-h100-4nic:1")), writer, **kw)
 
 
@@ -327,9 +331,9 @@ def test_delete_pod_frees_its_devices_and_health_and_metrics_answer():
         await post(s, f"{url}/filter", args(pod("u1", gpus=8, vfs=8), NAMES))
         await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
         await post(s, f"{url}/filter", args(pod("u2", gpus=1, vfs=1), ["ghost"]))
-        async with s.delete(f"{url}/pods/u1") as r:
+        async with s.delete(f"{url}/pods/u1", headers=ADMIN) as r:
             deleted = (r.status, await r.json())
-        async with s.delete(f"{url}/pods/u1") as r:
+        async with s.delete(f"{url}/pods/u1", headers=ADMIN) as r:
             again = r.status
         async with s.get(f"{url}/healthz") as r:
             health = (r.status, await r.text())
@@ -488,7 +492,7 @@ def test_a_bind_arriving_while_its_pods_release_is_recorded_waits_and_binds_afre
     async def scenario(s, url):
         await post(s, f"{url}/filter", args(pod("u1", gpus=2, vfs=2), NAMES))
         await post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000"))
-        delete = asyncio.ensure_future(s.delete(f"{url}/pods/u1"))
+        delete = asyncio.ensure_future(s.delete(f"{url}/pods/u1", headers=ADMIN))
         await asyncio.sleep(0.05)
         rebind = asyncio.ensure_future(post(s, f"{url}/bind", bind_args("u1", "dgx-h100-000")))
         await asyncio.sleep(0.05)

@@ -15,7 +15,11 @@ import typer
 from railyard.cli.app import KubeBurst, KubeQps, app, check_kube_limits, fail
 
 if TYPE_CHECKING:
+    import ssl
+
     from railyard.scheduler.service import Extender
+
+DEFAULT_LISTEN = "127.0.0.1:8888"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +59,25 @@ def scheduler(
     kube_qps: KubeQps = 200.0,
     kube_burst: KubeBurst = 400,
     listen: Annotated[str, typer.Option(
-        "--listen", metavar="HOST:PORT", help="Where kube-scheduler reaches the extender.")
-    ] = "0.0.0.0:8888",
+        "--listen", metavar="HOST:PORT",
+        help="Where kube-scheduler reaches the extender: this host only unless told "
+             "(`:PORT` or 0.0.0.0:PORT: every interface).")] = DEFAULT_LISTEN,
+    tls_cert_file: Annotated[Path | None, typer.Option(
+        "--tls-cert-file", metavar="FILE",
+        help="Serve HTTPS with this PEM certificate (chain); kube-scheduler's extender "
+             "entry then needs enableHTTPS and tlsConfig.caFile (docs/decisions/0083).")
+    ] = None,
+    tls_key_file: Annotated[Path | None, typer.Option(
+        "--tls-key-file", metavar="FILE", help="The PEM private key of --tls-cert-file.")
+    ] = None,
+    client_ca_file: Annotated[Path | None, typer.Option(
+        "--client-ca-file", metavar="FILE",
+        help="With TLS: every call but /healthz needs a client certificate this CA signed "
+             "(kube-scheduler: tlsConfig.certFile and keyFile).")] = None,
+    admin_token_file: Annotated[Path | None, typer.Option(
+        "--admin-token-file", metavar="FILE",
+        help="With --cluster-file: DELETE /pods/<uid> answers only callers sending "
+             "`Authorization: Bearer <this file's token>`; without it, nobody.")] = None,
     state_file: Annotated[Path | None, typer.Option(
         "--state-file", metavar="FILE",
         help="Keep what was bound here; at start it is the record of bound pods (the "
@@ -84,12 +105,14 @@ def scheduler(
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
-    /metrics /allocations, DELETE /pods/<uid>. With --cluster-file, nodes and pods come from
-    the file and binds go to --state-file; otherwise from the API server, where a bind
-    writes the pod's Allocation and creates its Binding (docs/scheduler.md)."""
+    /metrics /allocations. With --cluster-file, nodes and pods come from the file, binds go
+    to --state-file, and DELETE /pods/<uid> (with --admin-token-file's token) frees a pod;
+    otherwise from the API server, where a bind writes the pod's Allocation and creates its
+    Binding (docs/scheduler.md)."""
     import asyncio
     import logging
 
+    from railyard.scheduler.access import AccessError, AdminToken
     from railyard.scheduler.cluster_file import ClusterFileError, load_cluster
     from railyard.scheduler.service import Extender, settle_heap
     from railyard.scheduler.state import ClusterState
@@ -105,9 +128,13 @@ def scheduler(
         host, port = parse_listen(listen)
     except ValueError as e:
         fail(str(e))
+    tls = _tls(tls_cert_file, tls_key_file, client_ca_file)
     if cluster_file is None:
         if state_file is not None:
             fail("--state-file needs --cluster-file (on a cluster the pods are the record)")
+        if admin_token_file is not None:
+            fail("--admin-token-file needs --cluster-file (on a cluster the pod watch frees "
+                 "devices: there is no DELETE /pods/<uid>)")
         check_kube_limits(kube_qps, kube_burst)
         election = None
         if leader_elect:
@@ -118,10 +145,21 @@ def scheduler(
             election = LeaderElection(leader_elect_namespace, leader_elect_name,
                                       leader_elect_lease_duration, leader_elect_renew_deadline,
                                       leader_elect_retry_period)
-        _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election)
+        _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
+                   tls)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
+    token = None
+    if admin_token_file is not None:
+        try:
+            token = AdminToken.from_file(admin_token_file)
+        except AccessError as e:
+            fail(str(e))
+        if tls is None and not _loopback(host):
+            logging.getLogger("railyard.scheduler").warning(
+                "--admin-token-file without TLS on %s: the token crosses the network in "
+                "clear; add --tls-cert-file and --tls-key-file", listen)
     sf = None
     try:
         cluster = load_cluster(cluster_file)
@@ -134,11 +172,11 @@ def scheduler(
             state.restore(cluster.pods)
     except (ClusterFileError, StateFileError) as e:
         fail(str(e))
-    extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache)
+    extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache, admin_token=token)
     settle_heap()
 
     try:
-        asyncio.run(_serve(extender, host, port, ""))
+        asyncio.run(_serve(extender, host, port, "", tls))
     except KeyboardInterrupt:
         pass
     except OSError as e:
@@ -148,7 +186,34 @@ def scheduler(
             sf.close()
 
 
-async def _serve(extender: Extender, host: str, port: int, source: str) -> None:
+def _tls(cert_file: Path | None, key_file: Path | None,
+         client_ca_file: Path | None) -> ssl.SSLContext | None:
+    """The TLS context the flags ask for; None: plain HTTP."""
+    from railyard.scheduler.access import AccessError, server_tls
+
+    if cert_file is None and key_file is None:
+        if client_ca_file is not None:
+            fail("--client-ca-file needs --tls-cert-file and --tls-key-file")
+        return None
+    if cert_file is None or key_file is None:
+        fail("give --tls-cert-file and --tls-key-file together")
+    try:
+        return server_tls(cert_file, key_file, client_ca_file)
+    except AccessError as e:
+        fail(str(e))
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def _serve(extender: Extender, host: str, port: int, source: str,
+                 tls: ssl.SSLContext | None) -> None:
     """Serve until SIGTERM or SIGINT; `source` says where the cluster comes from."""
     import asyncio
     import logging
@@ -157,9 +222,10 @@ async def _serve(extender: Extender, host: str, port: int, source: str) -> None:
     from railyard.scheduler.service import start
 
     log = logging.getLogger("railyard.scheduler")
-    runner = await start(extender, host, port)
-    log.info("extender listening on %s:%d%s: %d nodes, %d pods holding devices",
-             host, port, source, len(extender.state), extender.state.pod_count())
+    runner = await start(extender, host, port, tls)
+    scheme = "http" if tls is None else "https"
+    log.info("extender listening on %s://%s:%d%s: %d nodes, %d pods bound",
+             scheme, host, port, source, len(extender.state), extender.state.pod_count())
     try:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -172,7 +238,8 @@ async def _serve(extender: Extender, host: str, port: int, source: str) -> None:
 
 
 def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
-               qps: float, burst: int, election: LeaderElection | None) -> None:
+               qps: float, burst: int, election: LeaderElection | None,
+               tls: ssl.SSLContext | None) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -213,12 +280,14 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                     lease)
             cluster = ApiCluster(c, state, elector.is_leader if elector else None)
             await cluster.start()
-            extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector)
+            # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
+            extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,
+                                admin_calls=False)
             cluster.sync.on_pods_changed = lambda: extender.metrics.pods.set(state.pod_count())
             settle_heap()
             campaign = asyncio.ensure_future(elector.run()) if elector else None
             try:
-                await _serve(extender, host, port, f", on {config.server}")
+                await _serve(extender, host, port, f", on {config.server}", tls)
             finally:
                 if campaign is not None and elector is not None:
                     campaign.cancel()

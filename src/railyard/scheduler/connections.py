@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -196,21 +197,23 @@ class Guard(asyncio.Protocol):
 
 
 class GuardedSite(web.BaseSite):
-    """A TCP site whose connections each go through a `Guard`."""
+    """A TCP site whose connections each go through a `Guard`; HTTPS with `tls`."""
 
-    __slots__ = ("_host", "_limits", "_on_shed", "_port")
+    __slots__ = ("_host", "_limits", "_on_shed", "_port", "_tls")
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, limits: HttpLimits,
-                 on_shed: Shed | None = None) -> None:
+                 on_shed: Shed | None = None, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(runner)
         self._host = host
         self._port = port
         self._limits = limits
         self._on_shed = on_shed
+        self._tls = tls
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self._port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{self._host}:{self._port}"
 
     async def start(self) -> None:
         await super().start()
@@ -219,4 +222,7 @@ class GuardedSite(web.BaseSite):
         limits, on_shed = self._limits, self._on_shed
         self._server = await asyncio.get_running_loop().create_server(
             lambda: Guard(server(), limits, on_shed), self._host, self._port,
-            reuse_address=True, backlog=self._backlog)
+            reuse_address=True, backlog=self._backlog, ssl=self._tls,
+            # The handshake comes before the request's headers (whose clock starts once it
+            # is done): a client that stalls in it is shed on the same deadline.
+            ssl_handshake_timeout=limits.header_timeout_s if self._tls is not None else None)

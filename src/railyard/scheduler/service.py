@@ -8,7 +8,8 @@ or a bind, whose answers are already known (the node groups, the allocator's mem
 answered on the loop: it never searches there. A bind's allocate + ledger add
 is atomic with respect to other binds (the state's node lock), and the only awaits besides the
 worker are the writes (`ClusterWriter`), made after the devices are held and undone if they
-fail. Slow or oversized requests are shed (`connections`).
+fail. Slow or oversized requests are shed (`connections`). TLS, client certificates and the
+admin call's token are opt-in (`access`, docs/decisions/0083).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -27,6 +29,7 @@ from aiohttp import web
 
 from railyard.allocation.types import Infeasible
 from railyard.scheduler import metrics as m
+from railyard.scheduler.access import AdminToken, client_certificates
 from railyard.scheduler.cluster_file import BoundPod, pod_to_json
 from railyard.scheduler.connections import GuardedSite, HttpLimits, read_body, refusals
 from railyard.scheduler.metrics import Metrics
@@ -134,8 +137,14 @@ class Extender:
     def __init__(self, state: ClusterState, writer: ClusterWriter | None = None, *,
                  state_file: StateFile | None = None, metrics: Metrics | None = None,
                  pod_cache: int = DEFAULT_POD_CACHE, leader: Leadership | None = None,
-                 limits: HttpLimits | None = None) -> None:
+                 limits: HttpLimits | None = None, admin_token: AdminToken | None = None,
+                 admin_calls: bool = True) -> None:
         self.state = state
+        # `DELETE /pods/<uid>` exists only where nothing else frees a pod's devices (the
+        # cluster-file mode; with the API the pod watch does), and answers only a caller
+        # bearing `admin_token` (none: refused to all).
+        self.admin_calls = admin_calls
+        self.admin_token = admin_token
         self.limits = limits or HttpLimits()
         # The one thread that asks the cluster state questions that search: one at a time,
         # as on the loop before, so the allocator's memo is never written by two threads.
@@ -153,9 +162,14 @@ class Extender:
         self._releasing: dict[str, asyncio.Future[None]] = {}
         self.metrics.pods.set(len(state.pods()))
 
-    def app(self) -> web.Application:
+    def app(self, *, client_certs: bool = False) -> web.Application:
+        """The routes; with `client_certs`, every call but `/healthz` needs a verified client
+        certificate (`access.client_certificates`)."""
+        middlewares = [refusals(self.metrics.shed)]
+        if client_certs:
+            middlewares.append(client_certificates())
         app = web.Application(client_max_size=self.limits.max_body_bytes,
-                              middlewares=[refusals(self.metrics.shed)])
+                              middlewares=middlewares)
         app.on_cleanup.append(self._stop_worker)
         app.router.add_post("/filter", self.filter)
         app.router.add_post("/prioritize", self.prioritize)
@@ -164,7 +178,8 @@ class Extender:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/metrics", self.get_metrics)
         app.router.add_get("/allocations", self.allocations)
-        app.router.add_delete("/pods/{uid}", self.delete_pod)
+        if self.admin_calls:
+            app.router.add_delete("/pods/{uid}", self.delete_pod)
         return app
 
     async def _stop_worker(self, app: web.Application) -> None:
@@ -437,8 +452,29 @@ class Extender:
     async def allocations(self, request: web.Request) -> web.Response:
         return _json({"pods": [pod_to_json(p) for p in self.state.pods()]})
 
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        """None when the caller bears the admin token; else the answer that refuses it."""
+        if self.admin_token is not None and self.admin_token.allows(
+                request.headers.get("Authorization")):
+            return None
+        log.warning("%s %s from %s refused: %s", request.method, request.path, request.remote,
+                    "no admin token configured" if self.admin_token is None
+                    else "no or wrong bearer token")
+        if self.admin_token is None:
+            return _json({"error": "admin calls are off: start the extender with "
+                                   "--admin-token-file to allow them"}, 403)
+        if "Authorization" not in request.headers:
+            return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"},
+                                content_type=JSON, body=encode(
+                                    {"error": "an admin call needs Authorization: Bearer "
+                                              "<the --admin-token-file token>"}))
+        return _json({"error": "the bearer token is not the extender's admin token"}, 403)
+
     async def delete_pod(self, request: web.Request) -> web.Response:
-        """`DELETE /pods/<uid>`: the pod left; free its devices (until the Kubernetes watch)."""
+        """`DELETE /pods/<uid>`: the pod left; free its devices (cluster-file mode, where
+        nothing else does). Only for a caller bearing the admin token."""
+        if (refusal := self._admin_refusal(request)) is not None:
+            return refusal  # before anything: nothing waited on, nothing freed
         t0 = time.perf_counter()
         try:
             uid = request.match_info["uid"]
@@ -491,18 +527,23 @@ def _freeze_after_full_collection(phase: str, info: dict[str, int]) -> None:
         gc.freeze()  # everything left was reachable a moment ago
 
 
-async def start(extender: Extender, host: str, port: int) -> web.AppRunner:
+async def start(extender: Extender, host: str, port: int,
+                tls: ssl.SSLContext | None = None) -> web.AppRunner:
     """Serve `extender` on host:port (port 0: any free port); stop with `runner.cleanup()`.
-    Each connection is held to `extender.limits` (`connections.Guard`)."""
+    Each connection is held to `extender.limits` (`connections.Guard`). With `tls`
+    (`access.server_tls`), HTTPS; when it asks for client certificates, every call but
+    `/healthz` needs one."""
     limits = extender.limits
-    runner = web.AppRunner(extender.app(), access_log=None,  # a log line per call costs
+    client_certs = tls is not None and tls.verify_mode != ssl.CERT_NONE
+    runner = web.AppRunner(extender.app(client_certs=client_certs),
+                           access_log=None,  # a log line per call costs
                            keepalive_timeout=limits.idle_timeout_s,
                            # After refusing a body, read what is still coming for at most
                            # this long (so the client sees the answer, not a reset), then
                            # close: aiohttp's default, 10 s, would hold a slow client on.
                            lingering_time=LINGER_S)
     await runner.setup()
-    site = GuardedSite(runner, host, port, limits, extender.metrics.shed)
+    site = GuardedSite(runner, host, port, limits, extender.metrics.shed, tls)
     await site.start()
     return runner
 
