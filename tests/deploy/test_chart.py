@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -178,6 +179,61 @@ def test_scheduler_config_is_the_deploy_extender_entry_at_the_releases_service(o
 def test_the_real_kube_scheduler_accepts_the_configuration(objects, tmp_path):
     """The box's pinned kube-scheduler validates and defaults it (`--write-config-to`); the
     configuration's in-cluster client is swapped for a kubeconfig nobody answers."""
+    written = _kube_scheduler_defaults(objects, tmp_path)
+    assert [p["schedulerName"] for p in written["profiles"]] == ["railyard-scheduler"]
+
+
+def _client_files(d: Path) -> dict[str, Path]:
+    """A CA and a client certificate it signed, as kube-scheduler's tlsConfig names them
+    (kube-scheduler loads them when it builds the extender's client)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make test certificates")
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    for argv in (("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2",
+                  "-subj", "/CN=ca"),
+                 ("req", *ec, "-keyout", "client.key", "-out", "client.csr", "-subj",
+                  "/CN=kube-scheduler"),
+                 ("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                  "-CAcreateserial", "-out", "client.crt", "-days", "2")):
+        subprocess.run(["openssl", *argv], cwd=d, check=True, capture_output=True, timeout=30)
+    return {"caFile": d / "ca.crt", "certFile": d / "client.crt", "keyFile": d / "client.key"}
+
+
+def test_with_a_tls_secret_the_extender_serves_https_and_kube_scheduler_is_told(render,
+                                                                                tmp_path):
+    # docs/decisions/0083: opt-in; the default rendering above stays plain HTTP.
+    files = _client_files(tmp_path)
+    objs = render("--set", "extender.tls.secretName=railyard-tls",
+                  "--set", "extender.tls.clientCertificates=true",
+                  *(a for key, path in files.items()
+                    for a in ("--set", f"scheduler.tlsConfig.{key}={path}")))
+    pod = one(objs, "Deployment", "railyard-extender")["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert {"--tls-cert-file=/etc/railyard/tls/tls.crt", "--tls-key-file=/etc/railyard/tls/tls.key",
+            "--client-ca-file=/etc/railyard/tls/ca.crt"} <= set(container["args"])
+    for probe in ("readinessProbe", "livenessProbe"):  # /healthz needs no client certificate
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    assert container["volumeMounts"] == [
+        {"name": "tls", "mountPath": "/etc/railyard/tls", "readOnly": True}]
+    assert pod["volumes"] == [{"name": "tls", "secret": {"secretName": "railyard-tls"}}]
+    command = get_command(app)
+    args = container["args"]
+    context = command.make_context("railyard", list(args), resilient_parsing=True)
+    command.get_command(context, args[0]).make_context(args[0], list(args[1:]))
+    config = yaml.safe_load(one(objs, "ConfigMap", "railyard-scheduler-config")["data"][
+        "kube-scheduler-config.yaml"])
+    [extender] = config["extenders"]
+    assert extender["urlPrefix"] == f"https://railyard-scheduler.{NAMESPACE}.svc:8888/"
+    assert extender["enableHTTPS"] is True
+    assert extender["tlsConfig"] == {key: str(path) for key, path in files.items()}
+    written = _kube_scheduler_defaults(objs, tmp_path)
+    assert written["extenders"][0]["enableHTTPS"] is True
+    assert written["extenders"][0]["tlsConfig"]["caFile"] == extender["tlsConfig"]["caFile"]
+
+
+def _kube_scheduler_defaults(objects, tmp_path) -> dict[str, Any]:
+    """The chart's kube-scheduler configuration as the box's pinned kube-scheduler validates
+    and defaults it; asserts its urlPrefix is kept."""
     family = kubebox.FAMILIES["kube"]
     if not (family.out_dir() / "complete").exists():
         pytest.skip("kube is not built (hack/box build kube)")
@@ -197,8 +253,8 @@ def test_the_real_kube_scheduler_accepts_the_configuration(objects, tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     written = yaml.safe_load((tmp_path / "out.yaml").read_text())
-    assert [p["schedulerName"] for p in written["profiles"]] == ["railyard-scheduler"]
     assert written["extenders"][0]["urlPrefix"] == config["extenders"][0]["urlPrefix"]
+    return written
 
 
 def _agent_pod(objects) -> dict[str, Any]:
