@@ -281,3 +281,30 @@ def test_quantities_summing_to_exactly_int64_are_taken():
     half = {"limits": {"nvidia.com/gpu": str(INT64_MAX // 2)}}
     rest = {"limits": {"nvidia.com/gpu": str(INT64_MAX - INT64_MAX // 2)}}
     assert request_from_pod(pod(half, rest)).gpus == INT64_MAX
+
+
+@pytest.mark.parametrize("metadata", [True, 7, "p", ["name"]])
+def test_metadata_that_is_not_an_object_is_a_request_error_naming_it(metadata):
+    # Found by the fuzz sweep (tests/fuzz): `(pod.get("metadata") or {}).get(...)` raised
+    # AttributeError for a truthy non-object.
+    p = pod({"limits": {"nvidia.com/gpu": "1"}})
+    p["metadata"] = metadata
+    with pytest.raises(RequestError, match=r"^metadata: expected an object"):
+        request_from_pod(p)
+
+
+@pytest.mark.parametrize("hints", [
+    {"1" * 5_000: "x"},
+    {"numa": "s" * 100_000},
+    {"pairing": ["x" * 100_000]},
+    {"maxDistance": "P" * 100_000},
+])
+def test_a_hint_error_names_the_field_without_echoing_a_huge_value(hints):
+    # Found by the fuzz sweep: the message echoed an unknown key or a bad value whole, so a
+    # 256 KiB annotation became a 256 KiB error in kube-scheduler's reply, the logs and Events.
+    p = pod({"limits": {"nvidia.com/gpu": "1"}},
+            annotations={REQUEST_ANNOTATION: json.dumps(hints)})
+    with pytest.raises(RequestError) as e:
+        request_from_pod(p)
+    assert e.value.field.startswith(f"metadata.annotations[{REQUEST_ANNOTATION}]")
+    assert len(str(e.value)) < 300

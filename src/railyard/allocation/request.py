@@ -111,8 +111,14 @@ def parse_quantity(text: Any, field: str) -> Fraction:
     return value
 
 
-def _short(text: Any) -> str:
-    r = repr(text)  # ints beyond int64 were refused above, so this cannot be a huge one
+def _short(value: Any) -> str:
+    """At most 40 characters of `value`'s repr, for an error message."""
+    if isinstance(value, int) and abs(value) >= 10**4000:  # str() stops at 4,300 digits
+        return "an integer of over 4,000 digits"
+    if isinstance(value, list | dict):
+        # repr recurses into a deeply nested value; its kind says enough.
+        return f"a {'list' if isinstance(value, list) else 'object'} of {len(value)} items"
+    r = repr(value[:40] if isinstance(value, str) else value)
     return r if len(r) <= 40 else r[:37] + "..."
 
 
@@ -233,7 +239,12 @@ def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Requ
     if _is_guaranteed([*containers, *inits]):
         exclusive = max(pinned_apps + pinned_sidecars, pinned_inits)
     memory = totals.get("memory", Fraction(0))
-    hints = hints_from_annotations((pod.get("metadata") or {}).get("annotations"))
+    meta = pod.get("metadata")
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        raise RequestError("metadata", "expected an object")
+    hints = hints_from_annotations(meta.get("annotations"))
     return Request(
         gpus=_count(totals.get(names.gpu, Fraction(0)), f"resources[{names.gpu}]"),
         vfs=_count(totals.get(names.vf, Fraction(0)), f"resources[{names.vf}]"),
@@ -270,28 +281,34 @@ def hints_from_annotations(annotations: Any) -> dict[str, Any]:
 def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RequestError(field, "expected a JSON object")
+    # A hint's error quotes at most 40 characters of what it refuses (`_short`): the
+    # annotation may be 256 KiB, its error goes to kube-scheduler, the logs and Events.
     unknown = set(data) - {"maxDistance", "numa", "pairing"}
     if unknown:
-        raise RequestError(f"{field}.{sorted(unknown)[0]}",
+        key = sorted(unknown)[0]
+        raise RequestError(f"{field}.{key if len(key) <= 40 else key[:37] + '...'}",
                            "unknown key (known: maxDistance, numa, pairing)")
     out: dict[str, Any] = {}
     if "maxDistance" in data:
         v = data["maxDistance"]
+        distances = "|".join(d.name for d in Distance)
         if not isinstance(v, str):
-            raise RequestError(f"{field}.maxDistance", "expected one of PIX|PXB|PHB|NODE|SYS")
+            raise RequestError(f"{field}.maxDistance", f"expected one of {distances}")
         try:
             out["max_distance"] = Distance.parse(v)
-        except ValueError as e:
-            raise RequestError(f"{field}.maxDistance", str(e)) from None
+        except ValueError:
+            raise RequestError(f"{field}.maxDistance",
+                               f"unknown distance class {_short(v)}: expected {distances}"
+                               ) from None
     if "numa" in data:
         if data["numa"] not in NUMA_POLICIES:
-            raise RequestError(f"{field}.numa",
-                               f"expected one of {'|'.join(NUMA_POLICIES)}, got {data['numa']!r}")
+            raise RequestError(f"{field}.numa", f"expected one of {'|'.join(NUMA_POLICIES)}, "
+                                                f"got {_short(data['numa'])}")
         out["numa"] = data["numa"]
     if "pairing" in data:
         if data["pairing"] not in PAIRINGS:
-            raise RequestError(f"{field}.pairing",
-                               f"expected one of {'|'.join(PAIRINGS)}, got {data['pairing']!r}")
+            raise RequestError(f"{field}.pairing", f"expected one of {'|'.join(PAIRINGS)}, "
+                                                   f"got {_short(data['pairing'])}")
         out["pairing_hint"] = data["pairing"]
     return out
 
