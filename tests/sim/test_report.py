@@ -44,14 +44,15 @@ def test_headline_does_not_claim_a_100_percent_snapshot_that_never_happened(tmp_
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert "atFullLoad" not in metrics["railyard"]  # arrivals stopped at 40%
     text = " ".join(result.output.split())
-    assert "Railyard allocated" in text
-    assert "when arrivals reached 100%" not in text, text
+    assert "Railyard had" in text and "at the end" in text
+    assert "when live pods' requests reached" not in text, text
 
 
 def test_headline_states_the_100_percent_snapshot_when_there_is_one(tmp_path):
     result = run(*SMALL, "--policies", "railyard,random", "--output", str(tmp_path))
     assert result.exit_code == 0, result.output
-    assert "when arrivals reached 100%" in " ".join(result.output.split())
+    assert "when live pods' requests reached the cluster's GPUs" in " ".join(
+        result.output.split())
 
 
 @pytest.mark.parametrize(("load", "shown"), [("0.4", "40%"), ("2", "200%"), ("1.3", "130%")])

@@ -39,7 +39,8 @@ def test_every_policy_faces_the_same_arrivals_and_metrics_add_up():
         assert m["podsArrived"] == len(arrivals)
         assert m["podsPlaced"] + m["podsFailed"] == len(arrivals)
         assert m["gpusAllocated"] <= m["clusterGpus"] == 32
-        assert m["gpuAllocationRatio"] == pytest.approx(m["gpusAllocated"] / 32, abs=1e-6)
+        assert m["gpuAllocationRatioAtEnd"] == pytest.approx(m["gpusAllocated"] / 32, abs=1e-6)
+        assert m["gpuAllocationRatio"] == m["atFullLoad"]["gpuAllocationRatio"]
         assert 0 <= m["gdrCapablePodShare"] <= 1
         assert m["gdrCapableMultiGpuPods"] <= m["multiGpuPodsPlaced"] <= m["multiGpuPodsArrived"]
         assert len(r.metrics.curve) == len(arrivals)

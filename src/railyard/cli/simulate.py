@@ -56,8 +56,15 @@ def simulate(
     ] = 0.25,
     load: Annotated[float, typer.Option(
         "--load", metavar="F",
-        help="Draw pods until they request F × the cluster's GPUs (0 < F ≤ 10).")
+        help="Draw pods until they request F × the cluster's GPUs in all (0 < F ≤ 10).")
     ] = 1.3,
+    arrivals_mode: Annotated[str | None, typer.Option(
+        "--arrivals", metavar="trace|draw",
+        help="trace: the drawn pods arrive at their trace times, compressed until live demand "
+             "reaches the cluster's GPUs, and leave after their trace lifetimes (the default "
+             "for a trace with creation and deletion times); draw: they arrive one after "
+             "another and never leave (the FGD paper's method; the only one without times).")
+    ] = None,
     progress: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
@@ -68,7 +75,7 @@ def simulate(
     from railyard.scheduler.cluster_file import ClusterFileError, cluster_from_spec, load_cluster
 
     try:
-        from railyard.sim.arrivals import DemandRule, draw_arrivals
+        from railyard.sim.arrivals import ARRIVAL_MODES, DemandRule, draw_arrivals, trace_arrivals
         from railyard.sim.report import FOOTNOTES, RunInfo, console_rows, headline, write_report
         from railyard.sim.run import PolicyError, parse_policies
         from railyard.sim.run import simulate as run_simulation
@@ -95,6 +102,12 @@ def simulate(
         else:
             topologies = list(cluster_from_spec(cluster))
         workload = load_trace(trace)
+        mode = arrivals_mode or ("trace" if workload.has_lifetimes else "draw")
+        if mode not in ARRIVAL_MODES:
+            raise ValueError(f"--arrivals must be one of {', '.join(ARRIVAL_MODES)}, got {mode!r}")
+        if mode == "trace" and not workload.has_lifetimes:
+            raise ValueError(f"--arrivals trace: trace {workload.name} has no creation_time and "
+                             "deletion_time columns (use --arrivals draw)")
     except (PolicyError, ClusterFileError, TraceError, ValueError) as exc:
         fail(str(exc))
     cluster_gpus = sum(len(t.gpus) for t in topologies)
@@ -106,7 +119,11 @@ def simulate(
             pass
     except OSError as exc:
         fail(f"cannot write the report to {output}: {exc}")
-    arrivals = draw_arrivals(workload, cluster_gpus, seed, rule, load)
+    compression: float | None = None
+    if mode == "trace":
+        arrivals, compression = trace_arrivals(workload, cluster_gpus, seed, rule, load)
+    else:
+        arrivals = draw_arrivals(workload, cluster_gpus, seed, rule, load)
 
     columns = (TextColumn("[bold]{task.description:<16}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())
@@ -119,7 +136,8 @@ def simulate(
             fail(f"cannot run the railyard policy: {exc}")
     info = RunInfo(
         cluster=cluster, trace=workload.name, seed=seed, vf_share=vf_share, strict=strict,
-        load=load, arrivals=len(arrivals), multi_gpu_arrivals=sum(a.is_multi_gpu for a in arrivals),
+        load=load, arrival_mode=mode, compression=compression, arrivals=len(arrivals),
+        multi_gpu_arrivals=sum(a.is_multi_gpu for a in arrivals),
         fractional_pods=sum(a.pod.is_fractional for a in arrivals),
         cpu_only_rows=sum(1 for p in workload.pods if p.gpus == 0), nodes=len(topologies),
         wall_s=time.perf_counter() - started,

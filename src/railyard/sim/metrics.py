@@ -47,7 +47,9 @@ class PolicyMetrics:
     # Per arrival: (requested GPUs / cluster GPUs, allocated GPUs / cluster GPUs,
     # GDR-capable multi-GPU pods so far)
     curve: list[tuple[float, float, int]] = field(default_factory=list)
-    first_failure_at: int | None = None  # index into the arrivals
+    first_failure_at: int | None = None  # index into `curve`
+    live_requested_gpus: int = 0  # GPUs requested by pods arrived and not yet left
+    held_gpus: dict[str, int] = field(default_factory=dict)  # placed, live pod uid -> GPUs
     judged: dict[str, list[JudgedPair]] = field(default_factory=dict)  # uid -> pairs
     failures: Counter = field(default_factory=Counter)  # kind -> count
     end: dict[str, int] = field(default_factory=dict)  # end-of-run NIC and GPU states
@@ -60,12 +62,14 @@ class PolicyMetrics:
         req = arrival.request
         self.arrived += 1
         self.arrived_gpus += req.gpus
+        self.live_requested_gpus += req.gpus
         self.latencies_s.append(latency_s)
         multi = arrival.is_multi_gpu
         self.multi_arrived += multi
         if isinstance(result, Allocation) and topology is not None:
             self.placed += 1
             self.allocated_gpus += req.gpus
+            self.held_gpus[arrival.uid] = req.gpus
             pairs = judge(topology, result) if req.vfs else []
             self.judged[arrival.uid] = pairs
             self.pairs.update(p.distance.name for p in pairs)
@@ -83,13 +87,29 @@ class PolicyMetrics:
             self.failures[arrival.kind] += 1
             if self.first_failure_ratio is None:
                 self.first_failure_ratio = self.allocated_gpus / self.cluster_gpus
-                self.first_failure_at = self.arrived - 1
+                self.first_failure_at = len(self.curve)
+        self._point()
+
+    def depart(self, arrival: Arrival) -> None:
+        """`arrival` left (placed or not): its GPUs are requested no more, and free again."""
+        self.live_requested_gpus -= arrival.request.gpus
+        self.allocated_gpus -= self.held_gpus.pop(arrival.uid, 0)
+        self._point()
+
+    def _point(self) -> None:
         self.curve.append((self.arrived_gpus / self.cluster_gpus,
                            self.allocated_gpus / self.cluster_gpus, self.multi_gdr))
 
     @property
     def arrived_load(self) -> float:
+        """GPUs requested so far (cumulatively) / cluster GPUs."""
         return self.arrived_gpus / self.cluster_gpus
+
+    @property
+    def live_load(self) -> float:
+        """GPUs requested by the pods live now (placed or not) / cluster GPUs; equal to
+        `arrived_load` while no pod has left."""
+        return self.live_requested_gpus / self.cluster_gpus
 
     def snapshot(self, key: str, topologies: Sequence[NodeTopology],
                  ledgers: Mapping[str, Ledger]) -> None:
@@ -110,7 +130,16 @@ class PolicyMetrics:
 
     @property
     def gpu_allocation_ratio(self) -> float:
+        """Allocated GPUs / cluster GPUs now."""
         return self.allocated_gpus / self.cluster_gpus
+
+    @property
+    def headline_allocation_ratio(self) -> float:
+        """`gpuAllocationRatio`: the ratio when the live pods' requested GPUs first reached
+        the cluster's GPUs (`atFullLoad`; without departures, when arrivals reached 100%, the
+        FGD paper's measure); at the end of a run whose demand never got there."""
+        full = self.snapshots.get("atFullLoad")
+        return full["gpuAllocationRatio"] if full else self.gpu_allocation_ratio
 
     @property
     def gdr_pod_share(self) -> float:
@@ -125,7 +154,8 @@ class PolicyMetrics:
             "gpusRequested": self.arrived_gpus,
             "gpusAllocated": self.allocated_gpus,
             "clusterGpus": self.cluster_gpus,
-            "gpuAllocationRatio": round(self.gpu_allocation_ratio, 6),
+            "gpuAllocationRatio": round(self.headline_allocation_ratio, 6),
+            "gpuAllocationRatioAtEnd": round(self.gpu_allocation_ratio, 6),
             "gpuAllocationRatioAtFirstFailure": (
                 None if self.first_failure_ratio is None else round(self.first_failure_ratio, 6)),
             "pairsByDistance": {d.name: self.pairs.get(d.name, 0) for d in Distance},

@@ -34,6 +34,10 @@ class Policy(Protocol):
         """Decide and record a placement for pod `uid`, or say why none exists."""
         ...
 
+    def release(self, uid: str) -> None:
+        """Pod `uid` left: free exactly what it holds (nothing when it holds nothing)."""
+        ...
+
     def ledgers(self) -> Mapping[str, Ledger]:
         """The per-node ledgers holding what this policy placed, by node name."""
         ...
@@ -98,6 +102,10 @@ class DevicePolicy:
         self.topologies = list(topologies)
         self._ledgers = {t.node: Ledger(t) for t in self.topologies}
         self._index = index_shapes(self.topologies)
+        self._node_of: dict[str, str] = {}  # pod uid -> the node it holds devices on
+        # Per node: how many times its ledger changed (a cache key that departures cannot
+        # fool, as the sizes of the used sets could).
+        self.changes: dict[str, int] = dict.fromkeys(self._ledgers, 0)
         self.rng = random.Random(f"railyard-sim/{seed}/policy/{self.name}")
 
     def ledgers(self) -> Mapping[str, Ledger]:
@@ -140,7 +148,14 @@ class DevicePolicy:
         node, gpus, vfs = chosen
         alloc = make_allocation(node, gpus, vfs)
         self._ledgers[node].add(uid, alloc)
+        self._node_of[uid] = node
+        self.changes[node] += 1
         return alloc
+
+    def release(self, uid: str) -> None:
+        node = self._node_of.pop(uid, None)
+        if node is not None and self._ledgers[node].remove(uid) is not None:
+            self.changes[node] += 1
 
     def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         raise NotImplementedError
@@ -224,7 +239,7 @@ class KoordinatorPolicy(DevicePolicy):
         super().__init__(topologies, seed)
         # (node, GPUs, VFs, strict) -> (ledger token, (plan or None, score))
         self._plans: dict[tuple[str, int, int, bool],
-                          tuple[tuple[int, ...], tuple[_Plan | None, int]]] = {}
+                          tuple[tuple[int, int, int], tuple[_Plan | None, int]]] = {}
 
     def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         strict = request.max_distance is not None and request.vfs > 0
@@ -243,11 +258,11 @@ class KoordinatorPolicy(DevicePolicy):
         return node, list(gpus), list(vfs)
 
     def _plan(self, node: str, request: Request, strict: bool) -> tuple[_Plan | None, int]:
-        """`_trial` and the node's score, remembered while the node's used GPUs and VFs (all
-        they read) are unchanged. Pods never leave in the simulator, so the sets only grow and
-        their sizes tell a change."""
+        """`_trial` and the node's score, remembered while the node's ledger (all they read)
+        is unchanged: the policy's own change count tells (with departures, equal sizes of
+        the used sets could hide a change), the sizes tell a pod added from outside."""
         led = self._ledgers[node]
-        token = (len(led.used_gpus), len(led.used_vfs))
+        token = (self.changes[node], len(led.used_gpus), len(led.used_vfs))
         key = (node, request.gpus, request.vfs, strict)
         hit = self._plans.get(key)
         if hit is not None and hit[0] == token:

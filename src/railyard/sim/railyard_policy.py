@@ -50,3 +50,7 @@ class RailyardPolicy:
         node = self.rng.choice([n for n in outcome.fits if scores[n] == best])
         return self.state.bind(uid, SIM_NAMESPACE, uid, node, request,
                                decided_at=SIM_DECIDED_AT)
+
+    def release(self, uid: str) -> None:
+        """The pod was deleted: the extender's release, as its pod watch calls it."""
+        self.state.release(uid)

@@ -67,6 +67,8 @@ class RunInfo:
     cpu_only_rows: int
     nodes: int
     wall_s: float | None = None
+    arrival_mode: str = "draw"  # "trace" (trace times, with departures) or "draw" (none)
+    compression: float | None = None  # trace mode: what the creation times were divided by
 
 
 def _colour(policy: str) -> str:
@@ -82,6 +84,18 @@ def _load_pct(load: float) -> str:
     return f"{100 * load:.4g}%"
 
 
+def _arrivals_note(info: RunInfo) -> str:
+    if info.arrival_mode != "trace":
+        return "Pods stay once placed (no departures; <code>--arrivals draw</code>)."
+    c = info.compression
+    how = ("all at once (even so, live demand never reached the cluster's GPUs)"
+           if c is not None and c == float("inf") else
+           f"at their creation times divided by {c:.4g}" if c is not None else
+           "at their creation times")
+    return (f"Pods arrive {how} and leave after their trace lifetimes (deletion − creation; "
+            "<code>--arrivals trace</code>).")
+
+
 def reached_full_load(result: SimResult) -> bool:
     """Whether arrivals reached 100% of the cluster's GPUs (every policy sees the same ones)."""
     return any(HEATMAP_SNAPSHOT in r.metrics.snapshots for r in result.results.values())
@@ -90,7 +104,7 @@ def reached_full_load(result: SimResult) -> bool:
 def heatmap_moment(result: SimResult) -> str:
     """When the heatmap was taken: at 100% load, or at the end of a run that stopped short."""
     if reached_full_load(result):
-        return "when arrivals reach 100% of the cluster's GPUs"
+        return "when the GPUs requested by live pods reach 100% of the cluster's"
     arrived = max((r.metrics.arrived_load for r in result.results.values()), default=0.0)
     return f"at the end of the run (arrivals reached {_pct(arrived)} of the cluster's GPUs)"
 
@@ -116,7 +130,7 @@ def table_rows(result: SimResult) -> list[list[str]]:
             f"{m['podsPlaced']}/{m['podsArrived']}",
             _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "no failure",
             _pct(m.get("atFullLoad", {}).get("gpuAllocationRatio")),
-            _pct(m["gpuAllocationRatio"]),
+            _pct(m["gpuAllocationRatioAtEnd"]),
             f"{m['multiGpuPodsPlaced']}/{m['multiGpuPodsArrived']}",
             f"{m['gdrCapableMultiGpuPods']}/{m['multiGpuPodsArrived']} "
             f"({_pct(m['gdrCapablePodShare'])})",
@@ -154,7 +168,7 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
         row("  at 1st failure",
             lambda m: _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "none"),
         row("  at 100% load", at("atFullLoad", "gpuAllocationRatio", _pct)),
-        row("  at end", lambda m: _pct(m["gpuAllocationRatio"])),
+        row("  at end", lambda m: _pct(m["gpuAllocationRatioAtEnd"])),
         row("multi-GPU pods placed",
             lambda m: f"{m['multiGpuPodsPlaced']}/{m['multiGpuPodsArrived']}"),
         row("  GDR-capable (≤ PXB)",
@@ -179,7 +193,6 @@ FOOTNOTES = (
     "chose (the best NCCL could do with them).",
     "GDR-capable: every GPU of the pod has its own NIC within PXB, so NCCL uses GPUDirect "
     "RDMA for every rank. Shares are of the multi-GPU pods that arrived.",
-    "Pods stay once placed (no departures).",
 )
 
 
@@ -413,19 +426,16 @@ def headline(result: SimResult) -> str:
         return ""
     ry = res["railyard"].metrics
 
-    def full(m: PolicyMetrics) -> float:
-        return m.snapshots[HEATMAP_SNAPSHOT]["gpuAllocationRatio"]
+    def ratio(m: PolicyMetrics) -> float:
+        return m.headline_allocation_ratio
 
-    end_name, end_m = max(base.items(), key=lambda kv: kv[1].allocated_gpus)
+    alloc_name, alloc_m = max(base.items(), key=lambda kv: ratio(kv[1]))
     gdr_name, gdr_m = max(base.items(), key=lambda kv: kv[1].multi_gdr)
-    at_full = ""
-    if HEATMAP_SNAPSHOT in ry.snapshots:  # not when arrivals stopped short of 100%
-        full_name, full_m = max(base.items(), key=lambda kv: full(kv[1]))
-        at_full = (f" and {_pct(full(ry))} when arrivals reached 100% "
-                   f"({full_name}: {_pct(full(full_m))})")
+    moment = ("when live pods' requests reached the cluster's GPUs"
+              if HEATMAP_SNAPSHOT in ry.snapshots else "at the end")
     return (
-        f"Railyard allocated {ry.allocated_gpus} of {ry.cluster_gpus} GPUs at the end "
-        f"(best baseline: {end_name}, {end_m.allocated_gpus}){at_full}; {ry.multi_gdr} of "
+        f"Railyard had {_pct(ratio(ry))} of the cluster's {ry.cluster_gpus} GPUs allocated "
+        f"{moment} (best baseline: {alloc_name}, {_pct(ratio(alloc_m))}); {ry.multi_gdr} of "
         f"{ry.multi_arrived} multi-GPU pods got GPUDirect RDMA on every rank "
         f"({gdr_name}: {gdr_m.multi_gdr})."
     )
@@ -475,9 +485,11 @@ def render_html(result: SimResult, info: RunInfo, images: dict[str, tuple[str, s
 <h2>How to read this</h2>
 <ul class="notes">
 <li>Arrivals: pods drawn from the trace with replacement (seeded) until the GPUs they request
-reach {_load_pct(info.load)} of the cluster's GPUs (<code>--load {info.load:g}</code>; the FGD
-paper grows load to 130%); in trace order when the trace has creation times. Every policy
-faces the same sequence.</li>
+reach {_load_pct(info.load)} of the cluster's GPUs (<code>--load {info.load:g}</code>) in all
+(the FGD paper grows load to 130%); in trace order when the trace has creation times.
+{_arrivals_note(info)} Every policy faces the same sequence. GPU allocation
+(<code>gpuAllocationRatio</code>) is taken when the GPUs requested by live pods first reach
+the cluster's.</li>
 <li>RDMA demand (the trace has no NIC column): pods with ≥ 2 GPUs are training pods wanting one
 VF per GPU; {100 * info.vf_share:.0f}% of one-GPU pods (a seeded draw) want one VF; the rest
 want none. {"Training pods carry <code>maxDistance: PXB</code> (--strict)." if info.strict

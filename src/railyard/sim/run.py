@@ -1,7 +1,8 @@
 """Run policies over one cluster and one arrival sequence, and collect their metrics.
 
-Every policy gets fresh ledgers and exactly the same arrivals; pods stay once placed (no
-departures: the run measures how well a growing load is packed, as the FGD paper does).
+Every policy gets fresh ledgers and exactly the same arrivals and departures (`timeline`):
+a pod that leaves frees exactly what it held. Without departures (the FGD draw) the run
+measures how well a growing load is packed, as the FGD paper does.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from railyard.sim.arrivals import Arrival
+from railyard.sim.arrivals import Arrival, timeline
 from railyard.sim.metrics import PolicyMetrics, heatmap_rows
 from railyard.sim.policies import BASELINES, Policy
 from railyard.topology.model import NodeTopology
@@ -19,7 +20,8 @@ DEFAULT_POLICIES = ("railyard", "random", "numa", "koordinator", "best-fit")
 # Also accepted: the extender's allocator with spread packing, for comparison.
 EXTRA_POLICIES = ("railyard-spread",)
 HEATMAP_NODES = 12
-# Snapshots taken when the requested GPUs first reach these shares of the cluster's GPUs.
+# Snapshots taken when the GPUs requested by live pods first reach these shares of the
+# cluster's GPUs (without departures: the GPUs requested so far).
 SNAPSHOT_LOADS = {"atHalfLoad": 0.5, "atFullLoad": 1.0}
 HEATMAP_SNAPSHOT = "atFullLoad"
 
@@ -90,26 +92,32 @@ class SimResult:
 def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
              policies: Sequence[str], seed: int,
              progress: Callable[[str], None] | None = None) -> SimResult:
-    """Place `arrivals` with each policy in turn; `progress(policy)` is called per arrival."""
+    """Place `arrivals` with each policy in turn, releasing each pod at its `depart_s`;
+    `progress(policy)` is called per arrival."""
     by_name = {t.node: t for t in topologies}
     cluster_gpus = sum(len(t.gpus) for t in topologies)
     if cluster_gpus == 0:
         raise ValueError("the cluster has no GPUs")
     sample = sample_nodes(topologies)
     results: dict[str, PolicyResult] = {}
+    events = timeline(arrivals)
     for name in policies:
         policy = make_policy(name, topologies, seed)
         m = PolicyMetrics(name, cluster_gpus)
         clock = time.perf_counter
         heat: list[list[tuple[int, int]]] = []
-        for arrival in arrivals:
+        for departs, arrival in events:
+            if departs:
+                policy.release(arrival.uid)
+                m.depart(arrival)
+                continue
             t0 = clock()
             result = policy.place(arrival.uid, arrival.request)
             dt = clock() - t0
             topo = by_name.get(getattr(result, "node", ""))
             m.record(arrival, result, topo, dt)
             for key, load in SNAPSHOT_LOADS.items():
-                if key not in m.snapshots and m.arrived_load >= load:
+                if key not in m.snapshots and m.live_load >= load:
                     ledgers = policy.ledgers()
                     m.snapshot(key, topologies, ledgers)
                     if key == HEATMAP_SNAPSHOT:

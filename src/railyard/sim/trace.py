@@ -24,6 +24,7 @@ BUILTIN_TRACES = {
 }
 REQUIRED_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 TIME_COLUMN = "creation_time"
+DELETION_COLUMN = "deletion_time"  # optional; with it pods leave (docs/simulator.md)
 MAX_GPUS_PER_POD = 64
 MAX_VALUE = 2**63 - 1  # the largest number any column may hold (a signed 64-bit integer)
 
@@ -40,6 +41,7 @@ class TracePod:
     num_gpu: int
     gpu_milli: int  # per GPU; < 1000 on a one-GPU pod means a share of one GPU
     creation_time: int | None = None  # seconds from the trace start, when the trace has times
+    deletion_time: int | None = None  # None: never leaves (no column, or an empty cell)
 
     @property
     def gpus(self) -> int:
@@ -56,6 +58,12 @@ class Trace:
     name: str  # the built-in name or the file path, for reports
     pods: tuple[TracePod, ...]
     has_times: bool
+    has_deletions: bool = False  # a deletion_time column: pods can leave
+
+    @property
+    def has_lifetimes(self) -> bool:
+        """Whether pods can be replayed at trace times, leaving at their deletion times."""
+        return self.has_times and self.has_deletions
 
     @property
     def gpu_pods(self) -> tuple[TracePod, ...]:
@@ -114,7 +122,8 @@ def _int(row: dict[str, str], column: str, where: str, *, lo: int = 0,
 
 
 def parse_trace(text: str, name: str) -> Trace:
-    """Parse an openb pod list; with a `creation_time` column every row needs a time."""
+    """Parse an openb pod list; with a `creation_time` column every row needs a time; a
+    `deletion_time` cell may be empty (the pod never leaves)."""
     rows = csv.reader(io.StringIO(text, newline=""))
     try:
         return _parse(rows, name)
@@ -139,11 +148,13 @@ def _parse(rows: _Rows, name: str) -> Trace:
         raise TraceError(f"trace {name}: missing column(s) {', '.join(missing)} "
                          f"(expected {', '.join(REQUIRED_COLUMNS)}[, {TIME_COLUMN}])")
     # csv would keep the last of two equal names, silently: which one is meant is a guess.
-    twice = [c for c in (*REQUIRED_COLUMNS, TIME_COLUMN) if columns.count(c) > 1]
+    twice = [c for c in (*REQUIRED_COLUMNS, TIME_COLUMN, DELETION_COLUMN)
+             if columns.count(c) > 1]
     if twice:
         raise TraceError(f"trace {name}: column(s) {', '.join(twice)} appear more than once "
                          "in the header")
     has_times = TIME_COLUMN in columns
+    has_deletions = DELETION_COLUMN in columns
     pods: list[TracePod] = []
     line_after = rows.line_num
     for cells in rows:
@@ -161,9 +172,14 @@ def _parse(rows: _Rows, name: str) -> Trace:
         if num_gpu > 1 and gpu_milli < 1000:
             raise TraceError(f"{where}, column gpu_milli: a {num_gpu}-GPU pod cannot use a "
                              f"fraction of a GPU ({gpu_milli})")
-        created = None
+        created = deleted = None
         if has_times:
             created = _int(row, TIME_COLUMN, where)
+        if has_deletions and (row.get(DELETION_COLUMN) or "").strip():
+            deleted = _int(row, DELETION_COLUMN, where)
+            if created is not None and deleted < created:
+                raise TraceError(f"{where}, column {DELETION_COLUMN}: {deleted} is before the "
+                                 f"pod's creation_time {created}")
         pods.append(TracePod(
             name=(row.get("name") or "").strip() or f"row-{first}",
             cpu_milli=_int(row, "cpu_milli", where),
@@ -171,7 +187,8 @@ def _parse(rows: _Rows, name: str) -> Trace:
             num_gpu=num_gpu,
             gpu_milli=gpu_milli if num_gpu else 0,
             creation_time=created,
+            deletion_time=deleted,
         ))
     if not any(p.gpus for p in pods):
         raise TraceError(f"trace {name}: no pod asks for a GPU; nothing to simulate")
-    return Trace(name, tuple(pods), has_times)
+    return Trace(name, tuple(pods), has_times, has_deletions)
