@@ -34,9 +34,8 @@ class DemandRule:
       wants a NIC per rank);
     - a share `vf_share` of one-GPU pods want one VF (inference or data loading over RDMA),
       chosen by the seeded draw;
-    - CPU-only pods ask for nothing Railyard manages and are left out (CPU and memory are not
-      simulated: DGX-class nodes have 192–256 threads and 1–2 TiB, the trace's GPU pods run
-      out of GPUs first);
+    - CPU-only pods ask for nothing Railyard manages and are left out (their CPUs and memory
+      would be kube-scheduler's business alone);
     - `strict` adds the hard limit `maxDistance: PXB` to training pods. Off by default, so
       every policy faces requests it can express.
     """

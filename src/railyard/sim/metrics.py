@@ -48,6 +48,7 @@ class PolicyMetrics:
     # GDR-capable multi-GPU pods so far)
     curve: list[tuple[float, float, int]] = field(default_factory=list)
     first_failure_at: int | None = None  # index into `curve`
+    cpu_memory_failures: int = 0  # pods no node had the CPUs and memory for
     live_requested_gpus: int = 0  # GPUs requested by pods arrived and not yet left
     held_gpus: dict[str, int] = field(default_factory=dict)  # placed, live pod uid -> GPUs
     judged: dict[str, list[JudgedPair]] = field(default_factory=dict)  # uid -> pairs
@@ -151,6 +152,7 @@ class PolicyMetrics:
             "podsPlaced": self.placed,
             "podsFailed": self.arrived - self.placed,
             "failuresByKind": dict(sorted(self.failures.items())),
+            "podsFailedForCpuOrMemory": self.cpu_memory_failures,
             "gpusRequested": self.arrived_gpus,
             "gpusAllocated": self.allocated_gpus,
             "clusterGpus": self.cluster_gpus,

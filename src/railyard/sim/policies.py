@@ -30,8 +30,11 @@ class Policy(Protocol):
 
     name: str
 
-    def place(self, uid: str, request: Request) -> Allocation | Infeasible:
-        """Decide and record a placement for pod `uid`, or say why none exists."""
+    def place(self, uid: str, request: Request,
+              nodes: Sequence[str] | None = None) -> Allocation | Infeasible:
+        """Decide and record a placement for pod `uid` on one of `nodes` (default: every
+        node; the simulator passes those kube-scheduler's own filters let through), or say
+        why none exists."""
         ...
 
     def release(self, uid: str) -> None:
@@ -135,14 +138,16 @@ class DevicePolicy:
 
     # -- the decision
 
-    def place(self, uid: str, request: Request) -> Allocation | Infeasible:
+    def place(self, uid: str, request: Request,
+              nodes: Sequence[str] | None = None) -> Allocation | Infeasible:
         if request.pfs or request.exclusive_cpus or request.memory_bytes:
             return Infeasible("the simulator's baselines place GPUs and VFs only")
-        nodes = [t.node for t in self.topologies if self.fits_counts(t.node, request)]
-        if not nodes:
+        offered = [t.node for t in self.topologies] if nodes is None else nodes
+        fitting = [n for n in offered if self.fits_counts(n, request)]
+        if not fitting:
             return Infeasible(f"no node has {request.gpus} free GPU(s) and "
                               f"{request.vfs} free VF(s)")
-        chosen = self.choose(nodes, request)
+        chosen = self.choose(fitting, request)
         if isinstance(chosen, Infeasible):
             return chosen
         node, gpus, vfs = chosen

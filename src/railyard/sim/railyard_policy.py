@@ -39,8 +39,9 @@ class RailyardPolicy:
     def ledgers(self) -> Mapping[str, Ledger]:
         return {n: self.state.ledger(n) for n in self._names}
 
-    def place(self, uid: str, request: Request) -> Allocation | Infeasible:
-        outcome = self.state.filter(request, self._names)
+    def place(self, uid: str, request: Request,
+              nodes: Sequence[str] | None = None) -> Allocation | Infeasible:
+        outcome = self.state.filter(request, self._names if nodes is None else nodes)
         if not outcome.fits:
             reasons = {**outcome.failed, **outcome.unresolvable}
             first = next(iter(reasons.values()), "no nodes")

@@ -187,8 +187,8 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
 
 FOOTNOTES = (
     "No GPU sharing: a pod asking for a fraction of a GPU gets one whole GPU.",
-    "CPU-only pods are left out: they ask for nothing Railyard manages (CPU and memory are "
-    "not simulated).",
+    "CPU-only openb pods are left out: they ask for nothing Railyard manages. CPUs and "
+    "memory are simulated: a pod is offered only nodes with room for its requests.",
     "Policies without pairing are judged by the best matching of the GPUs and VFs they "
     "chose (the best NCCL could do with them).",
     "GDR-capable: every GPU of the pod has its own NIC within PXB, so NCCL uses GPUDirect "

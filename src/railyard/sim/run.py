@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from railyard.allocation.types import Allocation, Infeasible
 from railyard.sim.arrivals import Arrival, timeline
+from railyard.sim.capacity import NodeResources
 from railyard.sim.metrics import PolicyMetrics, heatmap_rows
 from railyard.sim.policies import BASELINES, Policy
 from railyard.topology.model import NodeTopology
@@ -89,11 +91,20 @@ class SimResult:
         return {name: r.metrics.as_json(with_latency) for name, r in self.results.items()}
 
 
+# Called after every event with the policy and the CPU and memory it holds (for tests).
+Observer = Callable[[Policy, NodeResources], None]
+
+
 def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
              policies: Sequence[str], seed: int,
-             progress: Callable[[str], None] | None = None) -> SimResult:
+             progress: Callable[[str], None] | None = None,
+             observer: Observer | None = None) -> SimResult:
     """Place `arrivals` with each policy in turn, releasing each pod at its `depart_s`;
-    `progress(policy)` is called per arrival."""
+    `progress(policy)` is called per arrival.
+
+    Each pod is offered only the nodes with room for its CPUs and memory (`NodeResources`,
+    kube-scheduler's NodeResourcesFit), as the extender is; what it is placed on holds them
+    until it leaves."""
     by_name = {t.node: t for t in topologies}
     cluster_gpus = sum(len(t.gpus) for t in topologies)
     if cluster_gpus == 0:
@@ -104,16 +115,29 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
     for name in policies:
         policy = make_policy(name, topologies, seed)
         m = PolicyMetrics(name, cluster_gpus)
+        resources = NodeResources(topologies)
         clock = time.perf_counter
         heat: list[list[tuple[int, int]]] = []
         for departs, arrival in events:
             if departs:
                 policy.release(arrival.uid)
+                resources.release(arrival.uid)
                 m.depart(arrival)
+                if observer is not None:
+                    observer(policy, resources)
                 continue
             t0 = clock()
-            result = policy.place(arrival.uid, arrival.request)
+            fitting = resources.candidates(arrival.pod)
+            result: Allocation | Infeasible
+            if fitting:
+                result = policy.place(arrival.uid, arrival.request, fitting)
+            else:
+                result = Infeasible(f"no node has {arrival.pod.cpu_milli}m CPU and "
+                                    f"{arrival.pod.memory_mib} MiB of memory free")
+                m.cpu_memory_failures += 1
             dt = clock() - t0
+            if isinstance(result, Allocation):
+                resources.hold(arrival.uid, result.node, arrival.pod)
             topo = by_name.get(getattr(result, "node", ""))
             m.record(arrival, result, topo, dt)
             for key, load in SNAPSHOT_LOADS.items():
@@ -122,6 +146,8 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
                     m.snapshot(key, topologies, ledgers)
                     if key == HEATMAP_SNAPSHOT:
                         heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
+            if observer is not None:
+                observer(policy, resources)
             if progress is not None:
                 progress(name)
         ledgers = policy.ledgers()
