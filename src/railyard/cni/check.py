@@ -32,7 +32,8 @@ def check(node: NodeContext, call: Call, conf: NetConf) -> None:
             link = pod.get(d.ifname)
             if link is None:
                 raise CniError(Code.CHECK_FAILED, f"{d.ifname} ({d.pci}) is not in the pod")
-            if not owns(link, d, in_pod=True):
+            # Asked after the link: showing a link whose peer is in the host assigns the id.
+            if not owns(pod, link, d, in_pod=True, host_id=pod.id_of(node.host)):
                 raise CniError(Code.CHECK_FAILED, f"{d.ifname} is not {d.pci}")
             if not link.up:
                 raise CniError(Code.CHECK_FAILED, f"{d.ifname} is down")

@@ -12,9 +12,24 @@ import os
 from railyard.allocation.types import NicRef
 from railyard.cni import addresses, devices
 from railyard.cni.context import NodeContext
-from railyard.cni.netns import RESTORED_FLAGS, Link, Links, NetlinkFailure, Netns, netns_identity
+from railyard.cni.netns import (
+    RESTORED_FLAGS,
+    Link,
+    LinkError,
+    Links,
+    NetlinkFailure,
+    Netns,
+    netns_identity,
+)
 from railyard.cni.rdma import RdmaError
-from railyard.cni.restore import Problems, fresh_transit_name, move_in, put_back, transit_name
+from railyard.cni.restore import (
+    Problems,
+    fresh_transit_name,
+    identity_of,
+    move_in,
+    put_back,
+    transit_name,
+)
 from railyard.cni.spec import CniError, Code, NetConf
 from railyard.node.attachments import AttachmentRecord, MovedDevice
 
@@ -42,6 +57,10 @@ def plan_device(node: NodeContext, host: Links, nic: NicRef, name: str, i: int, 
         # The kernel names the netdev's parent device: believe it over a path lookup.
         raise CniError(Code.DEVICE_UNAVAILABLE,
                        f"netdev {link.name} belongs to {link.parent}, not to {pci}")
+    bus_info, peer_index = identity_of(host, link, pci)
+    if link.parent is None and bus_info not in (None, pci) and sysfs_root == "/":
+        raise CniError(Code.DEVICE_UNAVAILABLE,
+                       f"netdev {link.name} belongs to {bus_info}, not to {pci}")
     ifc = conf.interface(i)
     # Only sysfs says which RDMA device is this function's: a name from the record (which
     # a pod's own annotation can seed) could be another pod's device.
@@ -50,7 +69,8 @@ def plan_device(node: NodeContext, host: Links, nic: NicRef, name: str, i: int, 
         pci=pci, kind=nic.kind, ifname=name, original_name=link.name,
         original_mac=link.mac, original_mtu=link.mtu, original_up=link.up, mac_set=ifc.mac,
         rdma_device=rdma_dev, ipam_type=ifc.ipam["type"] if ifc.ipam else None,
-        original_parent=link.parent, original_altnames=list(link.altnames),
+        original_parent=link.parent, bus_info=bus_info, peer_index=peer_index,
+        original_altnames=list(link.altnames),
         original_flags=link.flags & RESTORED_FLAGS, original_txqlen=link.txqlen,
         original_group=link.group, original_alias=link.alias,
         transit_names=[transit_name()],
@@ -96,9 +116,10 @@ def put_all_back(node: NodeContext, rec: AttachmentRecord, pod_ns: Netns | None,
         if pod is None and pod_ns is not None:
             pod = stack.enter_context(pod_ns.links())
         pod_links = _links_or_none(pod, problems)
+        host_id = _host_id(pod, node.host, problems) if pod_links is not None else None
         for d in reversed(rec.devices):
             put_back(d, pod=pod if pod_links is not None else None,
-                     pod_links=pod_links or [], host=host, host_ns=node.host,
+                     pod_links=pod_links or [], host_id=host_id, host=host, host_ns=node.host,
                      sysfs_root=node.settings.sysfs_root, problems=problems)
             if d.rdma_moved:
                 _rdma_back(node, d, pod_ns, problems)
@@ -127,6 +148,18 @@ def _links_or_none(pod: Links | None, problems: Problems) -> list[Link] | None:
         return pod.all()
     except (NetlinkFailure, OSError) as e:
         problems.add(f"listing the links of {pod.netns.label}: {e}")
+        return None
+
+
+def _host_id(pod: Links | None, host: Netns, problems: Problems) -> int | None:
+    """The id the pod's namespace gives the host's: a link there whose peer is in the host
+    names it so (asked after the dump, which assigns one where such a peer exists)."""
+    if pod is None:
+        return None
+    try:
+        return pod.id_of(host)
+    except LinkError as e:
+        problems.add(str(e))
         return None
 
 

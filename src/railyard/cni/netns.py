@@ -32,6 +32,7 @@ from pyroute2.netlink.rtnl import (
     RTM_DELLINKPROP,
     RTM_GETADDR,
     RTM_GETLINK,
+    RTM_GETNSID,
     RTM_NEWADDR,
     RTM_NEWLINK,
     RTM_NEWLINKPROP,
@@ -39,6 +40,7 @@ from pyroute2.netlink.rtnl import (
 )
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.nsidmsg import nsidmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 CLONE_NEWNET = 0x40000000
@@ -55,6 +57,9 @@ _RTEXT_FILTER_SKIP_STATS = 1 << 3  # no counters in RTM_GETLINK replies: less to
 _RT_TABLE_MAIN, _RTPROT_BOOT, _RTN_UNICAST = 254, 3, 1
 _RT_SCOPE_UNIVERSE, _RT_SCOPE_LINK = 0, 253
 _SELF = "/proc/thread-self/ns/net"
+# ethtool's ETHTOOL_GDRVINFO (linux/ethtool.h): struct ethtool_drvinfo is 196 bytes, the
+# command word, then driver, version, fw_version and bus_info (32 bytes each), and the rest.
+_SIOCETHTOOL, _ETHTOOL_GDRVINFO, _DRVINFO_SIZE, _BUS_INFO_AT = 0x8946, 3, 196, 4 + 3 * 32
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -165,6 +170,11 @@ class Link:
     txqlen: int | None = None
     group: int | None = None
     alias: str | None = None
+    # IFLA_LINK and IFLA_LINK_NETNSID: the other end of a veth (a macvlan's lower device), by
+    # its ifindex where it lives; the netnsid, the id this namespace gives that one, only when
+    # it is another namespace. A pod can choose the ifindex, never which namespace it is in.
+    link_index: int | None = None
+    link_netnsid: int | None = None
 
     @classmethod
     def of(cls, msg: ifinfmsg) -> Link:
@@ -174,7 +184,8 @@ class Link:
                    msg.get_attr("IFLA_MTU"), bool(msg["flags"] & IFF_UP),
                    msg.get_attr("IFLA_PARENT_DEV_NAME"), altnames, msg["flags"],
                    msg.get_attr("IFLA_TXQLEN"), msg.get_attr("IFLA_GROUP"),
-                   msg.get_attr("IFLA_IFALIAS") or None)
+                   msg.get_attr("IFLA_IFALIAS") or None, msg.get_attr("IFLA_LINK"),
+                   msg.get_attr("IFLA_LINK_NETNSID"))
 
 
 class Links:
@@ -267,6 +278,36 @@ class Links:
                 return None
             raise LinkError("get", name, e.code, os.strerror(e.code)) from None
         return Link.of(replies[0]) if replies else None
+
+    def bus_info(self, link: Link) -> str | None:
+        """What the driver reports as the device's bus address (ethtool -i `bus_info`): a PCI
+        NIC's own function address; "" for a veth; None when no link has this name here or its
+        driver answers nothing. By name (the ioctl knows no other way): only as certain as the
+        name, so ask where nobody else renames links."""
+        buf = ctypes.create_string_buffer(_DRVINFO_SIZE)
+        struct.pack_into("=I", buf, 0, _ETHTOOL_GDRVINFO)
+        ifreq = struct.pack("16sP16x", link.name.encode(), ctypes.addressof(buf))  # an ifreq
+        try:
+            # Any socket reaches the device ioctls of its own namespace: this netlink one does.
+            fcntl.ioctl(self._sock.fileno(), _SIOCETHTOOL, ifreq)
+        except OSError:
+            return None
+        raw = buf.raw[_BUS_INFO_AT:_BUS_INFO_AT + 32]
+        return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+    def id_of(self, other: Netns) -> int | None:
+        """The id this namespace gives `other` (IFLA_LINK_NETNSID of its links whose peer is
+        there), or None when it gives it none (RTM_GETNSID; it assigns none)."""
+        msg = nsidmsg()
+        msg["attrs"] = [("NETNSA_FD", other.fd)]
+        try:
+            replies = self._request(msg, RTM_GETNSID)
+        except NetlinkFailure as e:
+            raise LinkError("find the id of", f"{other.label} in {self.netns.label}", e.code,
+                            os.strerror(e.code)) from None
+        nsid = replies[0].get_attr("NETNSA_NSID") if replies else None
+        # NETNSA_NSID_NOT_ASSIGNED is -1, decoded as unsigned by pyroute2.
+        return nsid if isinstance(nsid, int) and 0 <= nsid < 1 << 31 else None
 
     def set(self, link: Link, *, name: str | None = None, mtu: int | None = None,
             mac: str | None = None, up: bool | None = None) -> Link:

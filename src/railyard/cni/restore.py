@@ -7,11 +7,15 @@ the target fails without moving anything, so a clash cannot leave a device half-
 kernel pays one move per crossing (decision 0047). ADD's transit name is seen by the pod as the
 device arrives, so every DEL attempt crosses under a fresh one: a pod cannot squat it.
 
-Devices are recognised by identity, never by name alone — a pod may rename its links, create
-new ones under any free name and add alternative names: a link is ours if the kernel names our
-PCI function as its parent; a link without a parent is never a device that had one; failing
-both (veths standing in for VFs in tests), in the pod it must carry the ifindex ADD left it
-with, and elsewhere the MAC recorded for it.
+Devices are recognised by identity, never by name, ifindex or MAC — a pod may rename its
+links, create new ones under any free name, ifindex and MAC, and add alternative names. The
+strongest identity ADD saw decides (decision 0082): the parent the kernel names; else the PCI
+address the driver reports (ethtool bus_info), which no link a pod can create reports; else,
+for a veth standing in for a VF, its peer, which stays in the host where no pod can put a link.
+A link pulled out of the pod is checked again in the host, where nobody else renames it, before
+it gets the device's name: one that fails goes back to the pod and DEL fails, the record kept.
+Records written before those identities fall back to the ifindex ADD left in the pod and the
+MAC.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass, field
 from railyard.cni import devices
 from railyard.cni.netns import Link, LinkError, Links, Netns
 from railyard.node.attachments import MovedDevice
+from railyard.topology.model import PCI_ADDRESS_RE
 
 log = logging.getLogger(__name__)
 _DEL_NAMES_KEPT = 3  # transit names of past DEL attempts a record keeps, besides ADD's
@@ -43,16 +48,38 @@ class Problems:
         return bool(self.items)
 
 
-def owns(link: Link, d: MovedDevice, *, in_pod: bool) -> bool:
-    """Is this link the recorded device, not another that took its name or its MAC?"""
+def owns(links: Links, link: Link, d: MovedDevice, *, in_pod: bool,
+         host_id: int | None = None) -> bool:
+    """Is this link (as `links`, its namespace's, shows it) the recorded device, not another
+    that took its name, ifindex or MAC? In the pod, `host_id` is the id the pod's namespace
+    gives the host's (Links.id_of), None when it gives it none."""
     if link.parent is not None:
         return link.parent == d.pci
     if d.original_parent is not None:
         return False  # the device has a parent; a pod's veth or macvlan never does
+    if d.bus_info is not None:
+        # By name: in the pod a rename can race this (so the host checks again).
+        return links.bus_info(link) == d.bus_info
+    if d.peer_index is not None:
+        # The peer stayed in the host: seen from the pod it is in the namespace the pod calls
+        # host_id; seen from the host, in the host (no netnsid). A pod can forge the index.
+        if in_pod:
+            return host_id is not None and link.link_netnsid == host_id and \
+                link.link_index == d.peer_index
+        return link.link_netnsid is None and link.link_index == d.peer_index
     if in_pod and d.pod_index is not None:
         return link.index == d.pod_index
     mac = (link.mac or "").lower()
     return mac in {(d.original_mac or "").lower(), (d.mac_set or "").lower()} - {""}
+
+
+def identity_of(links: Links, link: Link, pci: str) -> tuple[str | None, int | None]:
+    """What ADD records besides the parent: the PCI address the driver reports (when it is
+    one) and the ifindex of a peer or lower device in the same namespace."""
+    bus = (links.bus_info(link) or "").lower()
+    peer = link.link_index if link.link_netnsid is None and link.link_index not in (
+        None, link.index) else None
+    return (bus if PCI_ADDRESS_RE.match(bus) else None), peer
 
 
 def transit_name() -> str:
@@ -82,7 +109,7 @@ def move_in(host: Links, pod: Links, pod_ns: Netns, d: MovedDevice, *, mtu: int 
             mac: str | None) -> Link:
     """host (original name) → pod (pod name), up; MTU and MAC as configured."""
     link = host.get(d.original_name)
-    if link is None or link.name != d.original_name or not owns(link, d, in_pod=False):
+    if link is None or link.name != d.original_name or not owns(host, link, d, in_pod=False):
         raise LinkError("find", f"{d.original_name} ({d.pci}) in the host", errno.ENODEV,
                         "left the host namespace")
     name = d.transit_names[-1]
@@ -92,28 +119,43 @@ def move_in(host: Links, pod: Links, pod_ns: Netns, d: MovedDevice, *, mtu: int 
     return pod.set(need(pod, name), name=d.ifname, up=True)
 
 
-def find_in_pod(pod_links: list[Link], d: MovedDevice) -> Link | None:
+def find_in_pod(pod: Links, pod_links: list[Link], d: MovedDevice,
+                host_id: int | None) -> Link | None:
     """The device among the pod's links, whatever the pod renamed it to."""
     known = {d.ifname, *d.transit_names, fallback_name(d.pci)}
-    mine = [link for link in pod_links if owns(link, d, in_pod=True)]
-    mine.sort(key=lambda link: link.name not in known)  # by MAC alone: prefer a known name
-    return mine[0] if mine else None
+    # Where ADD left it first (one bus_info ioctl, not one per link the pod made), then names
+    # of ours; several match only by MAC or a raced bus_info, and the host checks again.
+    likely = sorted(pod_links, key=lambda link: (link.index != d.pod_index,
+                                                 link.name not in known))
+    return next((link for link in likely
+                 if owns(pod, link, d, in_pod=True, host_id=host_id)), None)
 
 
-def put_back(d: MovedDevice, *, pod: Links | None, pod_links: list[Link], host: Links,
-             host_ns: Netns, sysfs_root: str, problems: Problems) -> None:
+def put_back(d: MovedDevice, *, pod: Links | None, pod_links: list[Link], host_id: int | None,
+             host: Links, host_ns: Netns, sysfs_root: str, problems: Problems) -> None:
     """Return one device to the host; what cannot be done goes to `problems`."""
     try:
+        refused = None
         if pod is not None:
-            link = find_in_pod(pod_links, d)
+            link = find_in_pod(pod, pod_links, d, host_id)
             if link is not None:
-                _leave_pod(pod, link, d, host_ns)
-        home = None
+                pulled = need(host, _leave_pod(pod, link, d, host_ns))
+                if owns(host, pulled, d, in_pod=False):
+                    restore_in_place(host, pulled, d)
+                    return
+                refused = (f"{link.name} (ifindex {link.index}) in the pod is not the device "
+                           "ADD moved there (checked in the host); "
+                           + _send_back(host, pulled, pod.netns))
+        home, stranger = None, None
         for name in (*reversed(d.transit_names), fallback_name(d.pci)):
             found = host.get(name)
-            if found is not None and found.name == name and owns(found, d, in_pod=False):
+            if found is None or found.name != name:
+                continue
+            if owns(host, found, d, in_pod=False):
                 home = found
                 break
+            if name in d.transit_names and stranger is None:
+                stranger = name
         if home is None:
             now = devices.netdev_of(sysfs_root, d.pci)
             home = host.get(now) if now else None
@@ -121,6 +163,12 @@ def put_back(d: MovedDevice, *, pod: Links | None, pod_links: list[Link], host: 
                 home = None
         if home is not None:
             restore_in_place(host, home, d)
+        elif refused is not None:
+            problems.add(f"{d.pci}: {refused}")
+        elif stranger is not None:
+            # Only this attachment names links so: never success while that one stays there.
+            problems.add(f"{d.pci}: {stranger} in the host is not the device ADD moved, or no "
+                         "longer shows it; left as it is")
         elif pod is not None:
             problems.add(f"{d.pci}: found neither in the pod nor in the host")
         # else: gone with its namespace (a veth dies with it) or held elsewhere.
@@ -135,7 +183,8 @@ def _extra_altnames(link: Link, d: MovedDevice) -> list[str]:
     return [a for a in link.altnames if a not in d.original_altnames]
 
 
-def _leave_pod(pod: Links, link: Link, d: MovedDevice, host_ns: Netns) -> None:
+def _leave_pod(pod: Links, link: Link, d: MovedDevice, host_ns: Netns) -> str:
+    """Move the link into the host under this attempt's transit name; the name it has there."""
     # Names the pod gave it would follow it home, where a lookup by name matches them.
     link = pod.drop_altnames(link, _extra_altnames(link, d))
     if link.up:
@@ -145,12 +194,27 @@ def _leave_pod(pod: Links, link: Link, d: MovedDevice, host_ns: Netns) -> None:
     link = pod.set(link, name=d.transit_names[-1])
     try:
         pod.move(link, host_ns)
+        return link.name
     except LinkError as e:
         if e.errno != errno.EEXIST:
             raise
         # The host holds the name: cross under the one derived from the PCI address, the
         # node's own naming scheme, which every DEL searches for. By index, not by name.
-        pod.move(pod.set(link, name=fallback_name(d.pci)), host_ns)
+        link = pod.set(link, name=fallback_name(d.pci))
+        pod.move(link, host_ns)
+        return link.name
+
+
+def _send_back(host: Links, link: Link, pod_ns: Netns) -> str:
+    """A link that came out of the pod but is not the device goes back, under a name the pod
+    has not seen (it saw the transit name leave, and could squat it to keep the link here);
+    what became of it, for the error."""
+    link = host.set(link, name=transit_name())
+    try:
+        host.move(link, pod_ns)
+    except LinkError as e:
+        return f"it stays in the host, down, as {link.name}: {e.reason}"
+    return f"it is back in the pod as {link.name}"
 
 
 def restore_in_place(host: Links, link: Link, d: MovedDevice) -> None:

@@ -43,6 +43,10 @@ class MovedDevice(msgspec.Struct, kw_only=True):
     original_up: bool
     mac_set: str | None = None  # the MAC ADD gave it, if the config asked for one
     original_parent: str | None = None  # the netdev's parent device (its PCI address) at ADD
+    # Identities a pod cannot give a link of its own, for devices the kernel names no parent
+    # for (decision 0082); None in older records, which fall back to ifindex and MAC.
+    bus_info: str | None = None  # the PCI address its driver reported at ADD (ethtool -i)
+    peer_index: int | None = None  # its veth peer's (lower device's) ifindex in the host
     # None in records older than these fields: DEL then leaves those settings as it finds them.
     original_altnames: list[str] | None = None
     original_flags: int | None = None  # the RESTORED_FLAGS bits (NOARP, PROMISC, …)
