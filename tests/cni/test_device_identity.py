@@ -16,7 +16,18 @@ import pytest
 
 from railyard.cni.netns import Netns
 from railyard.node.attachments import AttachmentRecord
-from support.cni import Node, Pod, add, delete, links, netns_add, record_path, sh, unique
+from support.cni import (
+    Node,
+    Pod,
+    add,
+    delete,
+    links,
+    netns_add,
+    record_path,
+    run_shim,
+    sh,
+    unique,
+)
 
 pytestmark = pytest.mark.root
 
@@ -111,6 +122,24 @@ def test_a_vf_back_in_the_pod_under_another_ifindex_is_found_and_the_impostor_le
     assert node.snapshot() == before
     assert not pods_link(node.host)
     assert set(links(pod.netns)) == {"net1"}  # the impostor, still the pod's
+
+
+def test_check_tells_the_impostor_from_the_vf(node: Node, shim, conf):
+    """CHECK passes on the VF, and fails (code 102) on a link that took its ifindex, name and
+    MAC; before, it went by the ifindex and passed."""
+    nics = node.vfs(1)
+    pod = node.pod(nics)
+    r = add(shim, pod, conf())
+    assert r.code == 0, r.out
+
+    def check():
+        return run_shim(shim, "CHECK", conf(prevResult=r.out), container_id=pod.container_id,
+                        netns=pod.netns_path, args=pod.args())
+
+    assert check().code == 0, check().out
+    hide_vf_behind_an_impostor(node, pod, "nested")
+    bad = check()
+    assert bad.error == 102 and "is not" in bad.out["msg"], bad.out
 
 
 def test_a_vf_whose_mac_the_pod_changed_comes_home_with_its_own(node: Node, shim, conf):
