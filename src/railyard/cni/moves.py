@@ -57,7 +57,7 @@ def plan_device(node: NodeContext, host: Links, nic: NicRef, name: str, i: int, 
         # The kernel names the netdev's parent device: believe it over a path lookup.
         raise CniError(Code.DEVICE_UNAVAILABLE,
                        f"netdev {link.name} belongs to {link.parent}, not to {pci}")
-    bus_info, peer_index = identity_of(host, link, pci)
+    bus_info, peer_index = identity_of(host, link)
     if link.parent is None and bus_info not in (None, pci) and sysfs_root == "/":
         raise CniError(Code.DEVICE_UNAVAILABLE,
                        f"netdev {link.name} belongs to {bus_info}, not to {pci}")

@@ -73,7 +73,7 @@ def owns(links: Links, link: Link, d: MovedDevice, *, in_pod: bool,
     return mac in {(d.original_mac or "").lower(), (d.mac_set or "").lower()} - {""}
 
 
-def identity_of(links: Links, link: Link, pci: str) -> tuple[str | None, int | None]:
+def identity_of(links: Links, link: Link) -> tuple[str | None, int | None]:
     """What ADD records besides the parent: the PCI address the driver reports (when it is
     one) and the ifindex of a peer or lower device in the same namespace."""
     bus = (links.bus_info(link) or "").lower()
