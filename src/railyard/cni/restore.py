@@ -79,7 +79,7 @@ def identity_of(links: Links, link: Link) -> tuple[str | None, int | None]:
     bus = (links.bus_info(link) or "").lower()
     peer = link.link_index if link.link_netnsid is None and link.link_index not in (
         None, link.index) else None
-    return (bus if PCI_ADDRESS_RE.match(bus) else None), peer
+    return (bus if PCI_ADDRESS_RE.fullmatch(bus) else None), peer
 
 
 def transit_name() -> str:
