@@ -20,8 +20,8 @@ CLUSTER = "generic:2,dgx-h100:1"  # generic: 16 CPUs, 64 GiB, 2 GPUs
 def test_a_node_has_the_cpus_and_memory_of_its_numa_nodes():
     generic, dgx = (next(t for t in cluster_from_spec(CLUSTER) if t.node.startswith(p))
                     for p in ("generic", "dgx-h100"))
-    assert NodeCapacity.of(generic) == NodeCapacity(16_000, 64 * 1024)
-    assert NodeCapacity.of(dgx) == NodeCapacity(224_000, 2 * 1024 * 1024)
+    assert NodeCapacity.of(generic) == NodeCapacity(16_000, 64 * 1024, 2)
+    assert NodeCapacity.of(dgx) == NodeCapacity(224_000, 2 * 1024 * 1024, 8)
 
 
 def test_a_cpu_heavy_pod_fails_for_cpus_although_a_gpu_is_free():
@@ -31,7 +31,7 @@ def test_a_cpu_heavy_pod_fails_for_cpus_although_a_gpu_is_free():
     result = simulate(topologies, arrivals, ["best-fit", "railyard"], seed=0)
     for r in result.results.values():
         m = r.metrics.as_json()
-        assert m["podsPlaced"] == 1 and m["podsFailedForCpuOrMemory"] == 1
+        assert m["podsPlaced"] == 1 and m["podsFailedOnNodeFilters"] == 1
         assert m["freeGpus"] == 1
 
 
@@ -40,7 +40,7 @@ def test_resources_refuse_to_hold_more_than_a_node_has():
     res = NodeResources(topologies)
     node = topologies[0].node
     res.hold("a", node, TracePod("a", 16_000, 1024, 0, 0))
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(ValueError, match="does not fit node"):
         res.hold("b", node, TracePod("b", 1, 1, 0, 0))
     res.release("a")
     res.release("a")  # idempotent

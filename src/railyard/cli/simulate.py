@@ -23,6 +23,9 @@ if TYPE_CHECKING:  # imported where used: the module loads with every `railyard`
     from railyard.sim.run import SimResult
 
 DEFAULT_CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"
+# For a trace in the DLRM schema: GPU nodes for its HN instances, CPU nodes with RDMA NICs for
+# its CN instances (docs/simulator.md, "The DLRM trace").
+DEFAULT_DLRM_CLUSTER = "dgx-h100:16,cpu-rdma:64"
 # The `sim` extra's top-level packages (pyproject.toml): an agent or extender install leaves
 # them out (decision 0079), so their absence is a one-line hint, not a traceback.
 SIM_EXTRA = frozenset({"numpy", "scipy", "matplotlib"})
@@ -30,14 +33,16 @@ SIM_EXTRA = frozenset({"numpy", "scipy", "matplotlib"})
 
 @app.command()
 def simulate(
-    cluster: Annotated[str, typer.Option(
+    cluster: Annotated[str | None, typer.Option(
         "--cluster", metavar="SPEC|FILE",
-        help="profile:count,… (dgx-h100, dgx-a100, hgx-h100-4nic, mi300x, generic; 8 VFs per "
-             "compute PF) or a cluster file as the extender reads it (its pods are ignored).")
-    ] = DEFAULT_CLUSTER,
+        help="profile:count,… (dgx-h100, dgx-a100, hgx-h100-4nic, mi300x, cpu-rdma, generic; "
+             "8 VFs per compute PF) or a cluster file as the extender reads it (its pods are "
+             f"ignored). Default {DEFAULT_CLUSTER}; with a DLRM trace {DEFAULT_DLRM_CLUSTER}.")
+    ] = None,
     trace: Annotated[str, typer.Option(
         "--trace", metavar="NAME|FILE",
-        help="openb-default, openb-multigpu20, or a CSV in the openb pod-list format.")
+        help="openb-default, openb-multigpu20, or a CSV in the openb pod-list format or in "
+             "the DLRM disaggregated-serving schema (told apart by the header).")
     ] = "openb-default",
     policies: Annotated[str, typer.Option(
         "--policies", metavar="LIST",
@@ -94,6 +99,9 @@ def simulate(
         rule = DemandRule(vf_share=vf_share, strict=strict)
         if not 0 < load <= 10:
             raise ValueError(f"--load must be within (0, 10], got {load}")
+        workload = load_trace(trace)
+        if cluster is None:
+            cluster = DEFAULT_DLRM_CLUSTER if workload.schema == "dlrm" else DEFAULT_CLUSTER
         spec_path = Path(cluster)
         if spec_path.is_file():
             topologies = list(load_cluster(spec_path))
@@ -101,7 +109,6 @@ def simulate(
             raise ValueError(f"cluster file {cluster}: no such file")
         else:
             topologies = list(cluster_from_spec(cluster))
-        workload = load_trace(trace)
         mode = arrivals_mode or ("trace" if workload.has_lifetimes else "draw")
         if mode not in ARRIVAL_MODES:
             raise ValueError(f"--arrivals must be one of {', '.join(ARRIVAL_MODES)}, got {mode!r}")
@@ -139,7 +146,8 @@ def simulate(
         load=load, arrival_mode=mode, compression=compression, arrivals=len(arrivals),
         multi_gpu_arrivals=sum(a.is_multi_gpu for a in arrivals),
         fractional_pods=sum(a.pod.is_fractional for a in arrivals),
-        cpu_only_rows=sum(1 for p in workload.pods if p.gpus == 0), nodes=len(topologies),
+        cpu_only_rows=sum(1 for p in workload.pods if not p.wants_devices),
+        nodes=len(topologies), trace_schema=workload.schema,
         wall_s=time.perf_counter() - started,
     )
     try:

@@ -449,6 +449,21 @@ MI300X = ProfileSpec(
     ),
 )
 
+# A CPU node for disaggregated serving (the DLRM trace's `CN` instances ask for CPUs, memory
+# and a share of an RDMA NIC): one RoCE NIC per socket, no GPUs.
+CPU_RDMA = ProfileSpec(
+    name="cpu-rdma",
+    hostname="cpu-rdma",
+    description="CPU node: 2 × 64-core sockets (256 threads), 2 TiB, 2 ConnectX-7 400G RoCE, "
+                "one per socket; no GPUs",
+    numa=(NumaSpec("0-63,128-191", TiB), NumaSpec("64-127,192-255", TiB)),
+    roots=(
+        RootSpec(0x00, 0, (_mgmt(0x02),)),
+        RootSpec(0x10, 0, (_roce(0x11, "mlx5_0"),)),
+        RootSpec(0x90, 1, (_roce(0x91, "mlx5_1"),)),
+    ),
+)
+
 GENERIC = ProfileSpec(
     name="generic",
     hostname="generic",
@@ -475,7 +490,7 @@ GENERIC = ProfileSpec(
 )
 
 PROFILES: dict[str, ProfileSpec] = {
-    p.name: p for p in (DGX_H100, DGX_A100, HGX_H100_4NIC, MI300X, GENERIC)
+    p.name: p for p in (DGX_H100, DGX_A100, HGX_H100_4NIC, MI300X, CPU_RDMA, GENERIC)
 }
 
 

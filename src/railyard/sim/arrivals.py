@@ -51,8 +51,15 @@ class DemandRule:
             raise ValueError(f"training pods have at least 2 GPUs, got {self.training_min_gpus}")
 
     def request(self, pod: TracePod, draw: float) -> tuple[PodKind, Request]:
-        """The kind and request of one GPU pod; `draw` is a uniform [0, 1) number for it."""
+        """The kind and request of one pod; `draw` is a uniform [0, 1) number for it.
+
+        A pod whose trace states its NIC share (the DLRM schema's `rdma_request`) wants one
+        VF when the share is above 0, whatever the rule says; the share is the VF's."""
         gpus = pod.gpus
+        if pod.rdma_percent is not None:
+            if pod.rdma_percent:
+                return "rdma", Request(gpus=gpus, vfs=1)
+            return "plain", Request(gpus=gpus)
         if gpus >= self.training_min_gpus:
             limit = Distance.PXB if self.strict else None
             return "training", Request(gpus=gpus, vfs=gpus, max_distance=limit)
@@ -88,7 +95,7 @@ def draw_arrivals(trace: Trace, cluster_gpus: int, seed: int,
         raise ValueError("the cluster has no GPUs")
     if load <= 0:
         raise ValueError(f"load must be positive, got {load}")
-    pool = [(i, p) for i, p in enumerate(trace.pods) if p.gpus > 0]
+    pool = [(i, p) for i, p in enumerate(trace.pods) if p.wants_devices]
     pick = random.Random(f"railyard-sim/{seed}/draw")
     target = load * cluster_gpus
     drawn: list[tuple[int, TracePod]] = []

@@ -1,15 +1,20 @@
-"""CPUs and memory in the simulator: what kube-scheduler checks before it asks any extender.
+"""CPUs, memory and placement rules in the simulator: what kube-scheduler checks before it
+asks any extender.
 
 kube-scheduler's NodeResourcesFit filter admits a pod to a node only while the requests of the
 pods there plus its own stay within the node's allocatable CPU and memory; Railyard's
 extender (and every baseline) is asked only about the nodes that pass. `NodeResources` is that
 filter over the simulated cluster: a node's CPUs and memory are its topology's (every CPU
 `numa_nodes` lists, 1000 milli each; their memory), and a pod asks the `cpu_milli` and
-`memory_mib` of its trace row. Nothing is over-committed.
+`memory_mib` of its trace row. Nothing is over-committed. Two rules of the DLRM trace are
+checked here too, as a node selector and pod anti-affinity would be: a `CN` instance runs on
+a node without GPUs, an `HN` one on a node with them; and at most `max_instance_per_node`
+instances of one application share a node.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -23,11 +28,12 @@ MiB = 1 << 20
 class NodeCapacity:
     cpu_milli: int
     memory_mib: int
+    gpus: int = 0
 
     @classmethod
     def of(cls, t: NodeTopology) -> NodeCapacity:
         return cls(1000 * sum(len(n.cpu_ids) for n in t.numa_nodes),
-                   sum(n.memory_bytes for n in t.numa_nodes) // MiB)
+                   sum(n.memory_bytes for n in t.numa_nodes) // MiB, len(t.gpus))
 
 
 class NodeResources:
@@ -41,9 +47,15 @@ class NodeResources:
         self.cpu_milli = dict.fromkeys(self.names, 0)
         self.memory_mib = dict.fromkeys(self.names, 0)
         self._held: dict[str, tuple[str, TracePod]] = {}  # pod uid -> (node, pod)
+        self.instances: Counter[tuple[str, str]] = Counter()  # (node, app) -> live pods
 
     def fits(self, node: str, pod: TracePod) -> bool:
         cap = self.capacity[node]
+        if pod.role is not None and (pod.role == "HN") != (cap.gpus > 0):
+            return False
+        if (pod.max_per_node is not None and pod.app is not None
+                and self.instances[node, pod.app] >= pod.max_per_node):
+            return False
         return (self.cpu_milli[node] + pod.cpu_milli <= cap.cpu_milli
                 and self.memory_mib[node] + pod.memory_mib <= cap.memory_mib)
 
@@ -55,10 +67,12 @@ class NodeResources:
         if uid in self._held:
             raise ValueError(f"pod {uid} already holds CPU and memory")
         if not self.fits(node, pod):
-            raise ValueError(f"pod {uid} does not fit node {node}'s CPU and memory")
+            raise ValueError(f"pod {uid} does not fit node {node} (CPU, memory or rules)")
         self._held[uid] = (node, pod)
         self.cpu_milli[node] += pod.cpu_milli
         self.memory_mib[node] += pod.memory_mib
+        if pod.app is not None:
+            self.instances[node, pod.app] += 1
 
     def release(self, uid: str) -> None:
         """Free what `uid` holds; nothing when it holds nothing."""
@@ -67,6 +81,8 @@ class NodeResources:
             node, pod = held
             self.cpu_milli[node] -= pod.cpu_milli
             self.memory_mib[node] -= pod.memory_mib
+            if pod.app is not None:
+                self.instances[node, pod.app] -= 1
 
     def holders(self, node: str) -> list[TracePod]:
         return [pod for n, pod in self._held.values() if n == node]

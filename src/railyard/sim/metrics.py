@@ -48,7 +48,13 @@ class PolicyMetrics:
     # GDR-capable multi-GPU pods so far)
     curve: list[tuple[float, float, int]] = field(default_factory=list)
     first_failure_at: int | None = None  # index into `curve`
-    cpu_memory_failures: int = 0  # pods no node had the CPUs and memory for
+    node_filter_failures: int = 0  # pods no node had room for (CPUs, memory, rules)
+    # NIC bandwidth shares (percent of one PF's line rate) held per (node, PF), by the VFs of
+    # pods whose trace states one; what each live pod adds; the over-commit now and at worst.
+    pf_shares: Counter = field(default_factory=Counter)
+    shares_held: dict[str, list[tuple[tuple[str, str], int]]] = field(default_factory=dict)
+    overcommit_now: int = 0
+    overcommit_worst: int = 0
     live_requested_gpus: int = 0  # GPUs requested by pods arrived and not yet left
     held_gpus: dict[str, int] = field(default_factory=dict)  # placed, live pod uid -> GPUs
     judged: dict[str, list[JudgedPair]] = field(default_factory=dict)  # uid -> pairs
@@ -71,6 +77,11 @@ class PolicyMetrics:
             self.placed += 1
             self.allocated_gpus += req.gpus
             self.held_gpus[arrival.uid] = req.gpus
+            share = arrival.pod.rdma_percent
+            if share:
+                held = [((result.node, v.pf_pci_address), share) for v in result.vfs]
+                self.shares_held[arrival.uid] = held
+                self._shares(held, +1)
             pairs = judge(topology, result) if req.vfs else []
             self.judged[arrival.uid] = pairs
             self.pairs.update(p.distance.name for p in pairs)
@@ -95,7 +106,17 @@ class PolicyMetrics:
         """`arrival` left (placed or not): its GPUs are requested no more, and free again."""
         self.live_requested_gpus -= arrival.request.gpus
         self.allocated_gpus -= self.held_gpus.pop(arrival.uid, 0)
+        self._shares(self.shares_held.pop(arrival.uid, []), -1)
         self._point()
+
+    def _shares(self, held: list[tuple[tuple[str, str], int]], sign: int) -> None:
+        """Add (or take back) a pod's NIC shares, keeping the over-commit (the sum over PFs
+        of what exceeds 100%) now and at its worst."""
+        for pf, share in held:
+            before = max(0, self.pf_shares[pf] - 100)
+            self.pf_shares[pf] += sign * share
+            self.overcommit_now += max(0, self.pf_shares[pf] - 100) - before
+        self.overcommit_worst = max(self.overcommit_worst, self.overcommit_now)
 
     def _point(self) -> None:
         self.curve.append((self.arrived_gpus / self.cluster_gpus,
@@ -152,7 +173,7 @@ class PolicyMetrics:
             "podsPlaced": self.placed,
             "podsFailed": self.arrived - self.placed,
             "failuresByKind": dict(sorted(self.failures.items())),
-            "podsFailedForCpuOrMemory": self.cpu_memory_failures,
+            "podsFailedOnNodeFilters": self.node_filter_failures,
             "gpusRequested": self.arrived_gpus,
             "gpusAllocated": self.allocated_gpus,
             "clusterGpus": self.cluster_gpus,
@@ -169,6 +190,7 @@ class PolicyMetrics:
             "collectiveEfficiencyMultiGpu": _mean(self.multi_efficiency),
             "networkEfficiencyRdmaPods": _mean(self.rdma_efficiency),
             "maxDistanceViolations": self.limit_violations,
+            "nicBandwidthOvercommit": self.overcommit_worst,
             **self.end,
             **{k: dict(v) for k, v in self.snapshots.items()},
         }

@@ -69,6 +69,7 @@ class RunInfo:
     wall_s: float | None = None
     arrival_mode: str = "draw"  # "trace" (trace times, with departures) or "draw" (none)
     compression: float | None = None  # trace mode: what the creation times were divided by
+    trace_schema: str = "openb"  # or "dlrm"
 
 
 def _colour(policy: str) -> str:
@@ -82,6 +83,24 @@ def _pct(x: float | None) -> str:
 def _load_pct(load: float) -> str:
     """A load as the user gave it: 1.3 → "130%", 0.333 → "33.3%"."""
     return f"{100 * load:.4g}%"
+
+
+def _demand_note(info: RunInfo) -> str:
+    if info.trace_schema == "dlrm":
+        return ("RDMA demand as the trace states it (DLRM schema): an instance with an "
+                "<code>rdma_request</code> above 0 wants one VF carrying that share of its "
+                "PF's bandwidth (<code>nicBandwidthOvercommit</code>: the most, at any moment, "
+                "by which the shares on the PFs exceed 100%, summed over PFs; no policy "
+                "enforces shares yet). HN instances run on GPU nodes, CN instances on CPU "
+                "nodes; <code>max_instance_per_node</code> is honoured by every policy.")
+    strict = ("Training pods carry <code>maxDistance: PXB</code> (--strict)." if info.strict
+              else "No hard <code>maxDistance</code> (run with --strict to add PXB to training "
+                   "pods).")
+    return (f"RDMA demand (the trace has no NIC column): pods with ≥ 2 GPUs are training pods "
+            f"wanting one VF per GPU; {100 * info.vf_share:.0f}% of one-GPU pods (a seeded "
+            f"draw) want one VF; the rest want none. {strict} {info.fractional_pods} drawn "
+            f"pods asked for a fraction of a GPU and got a whole one; {info.cpu_only_rows} "
+            "CPU-only trace rows were left out.")
 
 
 def _arrivals_note(info: RunInfo) -> str:
@@ -114,7 +133,8 @@ def heatmap_moment(result: SimResult) -> str:
 TABLE_COLUMNS = (
     "policy", "pods placed", "GPU alloc. at 1st failure", "at 100% load", "at end",
     "multi-GPU placed", "GDR-capable multi-GPU", "est. collective eff.",
-    "pairs PIX/PXB/PHB/NODE/SYS", "stranded NICs at 50% / 100% load", "latency p50 / p99 ms",
+    "pairs PIX/PXB/PHB/NODE/SYS", "stranded NICs at 50% / 100% load",
+    "NIC bandwidth over-commit", "latency p50 / p99 ms",
 )
 
 
@@ -138,6 +158,7 @@ def table_rows(result: SimResult) -> list[list[str]]:
             "/".join(str(pairs[d.name]) for d in Distance),
             f"{m.get('atHalfLoad', {}).get('strandedNics', '–')} / "
             f"{m.get('atFullLoad', {}).get('strandedNics', '–')}",
+            f"{m['nicBandwidthOvercommit']}%",
             f"{m['decisionLatencyP50Ms']:.2f} / {m['decisionLatencyP99Ms']:.2f}",
         ])
     return rows
@@ -180,6 +201,7 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
         row("stranded NICs", lambda m: ""),
         row("  at 50% load", at("atHalfLoad", "strandedNics")),
         row("  at 100% load", at("atFullLoad", "strandedNics")),
+        row("NIC bandwidth over-commit", lambda m: f"{m['nicBandwidthOvercommit']}%"),
         row("latency p50 ms", lambda m: f"{m['decisionLatencyP50Ms']:.2f}"),
         row("latency p99 ms", lambda m: f"{m['decisionLatencyP99Ms']:.2f}"),
     ]
@@ -490,12 +512,7 @@ reach {_load_pct(info.load)} of the cluster's GPUs (<code>--load {info.load:g}</
 {_arrivals_note(info)} Every policy faces the same sequence. GPU allocation
 (<code>gpuAllocationRatio</code>) is taken when the GPUs requested by live pods first reach
 the cluster's.</li>
-<li>RDMA demand (the trace has no NIC column): pods with ≥ 2 GPUs are training pods wanting one
-VF per GPU; {100 * info.vf_share:.0f}% of one-GPU pods (a seeded draw) want one VF; the rest
-want none. {"Training pods carry <code>maxDistance: PXB</code> (--strict)." if info.strict
-else "No hard <code>maxDistance</code> (run with --strict to add PXB to training pods)."}
-{info.fractional_pods} drawn pods asked for a fraction of a GPU and got a whole one;
-{info.cpu_only_rows} CPU-only trace rows were left out.</li>
+<li>{_demand_note(info)}</li>
 <li>Estimated collective efficiency of a training pod: the slowest rank's class factor
 ({factors}), divided by the number of the pod's ranks sharing its PF (NCCL merges VFs of one
 port). Sources: GPUDirect RDMA up to PXB (NCCL_NET_GDR_LEVEL); ~16 vs ~24 GB/s for a

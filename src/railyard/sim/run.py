@@ -133,8 +133,9 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
                 result = policy.place(arrival.uid, arrival.request, fitting)
             else:
                 result = Infeasible(f"no node has {arrival.pod.cpu_milli}m CPU and "
-                                    f"{arrival.pod.memory_mib} MiB of memory free")
-                m.cpu_memory_failures += 1
+                                    f"{arrival.pod.memory_mib} MiB of memory free (or its "
+                                    "role's nodes, or its application's per-node limit)")
+                m.node_filter_failures += 1
             dt = clock() - t0
             if isinstance(result, Allocation):
                 resources.hold(arrival.uid, result.node, arrival.pod)
