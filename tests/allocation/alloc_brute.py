@@ -4,6 +4,10 @@ Slow on purpose: it enumerates every GPU set, every GPU→PF pairing and every w
 VFs and whole PFs, with no bounds and no ordering tricks, and computes the key of each
 candidate from scratch. `key_of` computes the same key from a concrete Allocation, so the
 allocator's answer is judged by what it returns, not by its internals.
+
+VF pools (docs/decisions/0085): a VF is taken from its own pool only; the paired pool's VFs
+pair, the other pools' are unpaired NICs; a PF is open (aligned capacity) while it has a free
+VF of any pool; the address tie-break lists the paired pool's PFs, then each other pool's.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ class Node:
         self.gpu_numa = {g.pci_address: self.numa(g.numa_node) for g in t.gpus}
         self.pf_numa = {n.pci_address: self.numa(n.numa_node) for n in t.nics}
         self.free_vfs: dict[str, int] = {}
+        self.free_pool: dict[tuple[str, str | None], int] = {}  # (PF, pool) -> free VFs
         self.whole_ok: dict[str, bool] = {}
         for n in t.nics:
             port = n.port_state is None or n.port_state.upper().endswith("ACTIVE")
@@ -57,6 +62,11 @@ class Node:
             whole_held = n.pci_address in used_pfs
             self.free_vfs[n.pci_address] = 0 if (not port or whole_held) else sum(
                 1 for v in offered if v.pci_address not in used_vfs)
+            for v in offered:
+                key = (n.pci_address, v.pool)
+                self.free_pool.setdefault(key, 0)
+                if port and not whole_held and v.pci_address not in used_vfs:
+                    self.free_pool[key] += 1
             self.whole_ok[n.pci_address] = (port and not n.default_route and not whole_held
                                             and not in_use and not held)
         self.free_cpus = {m.id: len(m.cpu_ids - used_cpus) for m in t.numa_nodes}
@@ -113,8 +123,10 @@ class Node:
 
 def key_parts(node: Node, r: Request, gset: tuple[str, ...],
               targets: tuple[tuple[str, int], ...], vf_counts: dict[str, int],
-              whole: set[str]) -> tuple | None:
-    """The key of one abstract candidate, or None if it breaks a rule or a hard limit."""
+              whole: set[str], others: tuple[dict[str, int], ...] = ()) -> tuple | None:
+    """The key of one abstract candidate, or None if it breaks a rule or a hard limit.
+    `vf_counts`: the paired pool's VFs per PF; `others`: each other pool's, in
+    `other_pools(r)` order."""
     t = node.t
     lo, hi, pairs = pairing_bounds(r)
     loads: Counter[str] = Counter()
@@ -139,19 +151,28 @@ def key_parts(node: Node, r: Request, gset: tuple[str, ...],
     devices = {node.gpu_numa[g] for g in gset}
     devices |= {node.pf_numa[a] for a, c in vf_counts.items() if c}
     devices |= {node.pf_numa[a] for a in whole}
+    devices |= {node.pf_numa[a] for o in others for a, c in o.items() if c}
     span = node.span(r, devices)
     if span is None:
         return None
     gpus_after = [g for g in node.free_gpus if g not in gset]
     open_pfs = [a for a, f in node.free_vfs.items()
-                if f - vf_counts.get(a, 0) > 0 and a not in whole]
+                if f - vf_counts.get(a, 0) - sum(o.get(a, 0) for o in others) > 0
+                and a not in whole]
     aligned = node.aligned(gpus_after, open_pfs)
     worst = max(dists, default=0)
     crowd = (max(loads.values(), default=0), sum(c * c for c in loads.values()))
     paired_whole = {pf for pf, kind in targets if kind == WHOLE and pf != UNPAIRED[0]}
-    tie = (tuple(gset), tuple(targets), tuple(sorted(whole - paired_whole)),
-           tuple(sorted(a for a, c in vf_counts.items() for _ in range(c))))
+    vfms: tuple[str, ...] = ()
+    for counts in (vf_counts, *others):
+        vfms += tuple(sorted(a for a, c in counts.items() for _ in range(c)))
+    tie = (tuple(gset), tuple(targets), tuple(sorted(whole - paired_whole)), vfms)
     return (worst, sum(dists), span, *crowd, -aligned, tie)
+
+
+def other_pools(r: Request) -> list[tuple[str | None, int]]:
+    """The pools asked besides the paired one, (pool, count), in the search's order."""
+    return [(p, c) for p, c in r.vf_counts if p != r.pair_pool]
 
 
 def brute_force(t: NodeTopology, ledger: Ledger | None, r: Request) -> tuple | None:
@@ -160,24 +181,29 @@ def brute_force(t: NodeTopology, ledger: Ledger | None, r: Request) -> tuple | N
     if len(node.free_gpus) < r.gpus:
         return None
     pfs = [n.pci_address for n in t.nics]
+    asked = [(r.pair_pool, r.paired_vfs), *other_pools(r)]
     per_pf = []
     for a in pfs:
-        options = [("vf", c) for c in range(node.free_vfs[a] + 1)]
+        ranges = [range(node.free_pool.get((a, p), 0) + 1) if c else range(1)
+                  for p, c in asked]
+        options: list[tuple[str, tuple[int, ...]]] = [("vf", cs) for cs in product(*ranges)]
         if node.whole_ok[a]:
-            options.append(("whole", 1))
+            options.append(("whole", ()))
         per_pf.append(options)
     configs = []
     for combo in product(*per_pf):
-        counts = {a: c for a, (kind, c) in zip(pfs, combo, strict=True) if kind == "vf" and c}
+        counts = [{a: cs[q] for a, (kind, cs) in zip(pfs, combo, strict=True)
+                   if kind == "vf" and cs[q]} for q in range(len(asked))]
         whole = {a for a, (kind, _) in zip(pfs, combo, strict=True) if kind == "whole"}
-        if sum(counts.values()) == r.vfs and len(whole) == r.pfs:
+        if (all(sum(c.values()) == n for c, (_, n) in zip(counts, asked, strict=True))
+                and len(whole) == r.pfs):
             configs.append((counts, whole))
     best = None
     for gset in combinations(node.free_gpus, r.gpus):
         for counts, whole in configs:
-            options = [UNPAIRED, *((a, VF) for a in counts), *((a, WHOLE) for a in whole)]
+            options = [UNPAIRED, *((a, VF) for a in counts[0]), *((a, WHOLE) for a in whole)]
             for targets in product(options, repeat=r.gpus):
-                key = key_parts(node, r, gset, targets, counts, whole)
+                key = key_parts(node, r, gset, targets, counts[0], whole, tuple(counts[1:]))
                 if key is not None and (best is None or key < best):
                     best = key
     return best
@@ -193,6 +219,8 @@ def key_of(t: NodeTopology, ledger: Ledger, r: Request, a: Allocation) -> tuple 
         if g in by_gpu else UNPAIRED
         for g in gset
     )
-    counts = Counter(n.pf_pci_address for n in a.vfs)
+    counts = Counter(n.pf_pci_address for n in a.vfs if n.pool == r.pair_pool)
+    others = tuple(dict(Counter(n.pf_pci_address for n in a.vfs if n.pool == p))
+                   for p, _ in other_pools(r))
     whole = {n.pci_address for n in a.pfs}
-    return key_parts(node, r, gset, targets, dict(counts), whole)
+    return key_parts(node, r, gset, targets, dict(counts), whole, others)

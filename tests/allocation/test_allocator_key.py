@@ -27,10 +27,12 @@ from railyard.topology.cpus import format_cpulist, parse_cpulist
 from railyard.topology.model import Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
 
 MEMORY_UNIT = 1 << 30
+POOL_B = "railyard.dev/vf-b"  # the second VF pool of pooled nodes (docs/decisions/0085)
 
 
 @st.composite
-def topologies(draw, min_gpus: int = 1) -> NodeTopology:
+def topologies(draw, min_gpus: int = 1, pools: bool = False) -> NodeTopology:
+    """`pools`: each VF is in the default pool or in POOL_B, also several of one PF."""
     n_numa = draw(st.integers(1, 3))
     numa = []
     cpu = 0
@@ -57,7 +59,8 @@ def topologies(draw, min_gpus: int = 1) -> NodeTopology:
                 f"0000:{bus:02x}:00.{v + 1}", v,
                 None if gone else f"mlx5_{10 * j + v + 10}",
                 None if gone else f"ib{j}v{v}",
-                {"vfio": "vfio-pci", "unbound": None}.get(state, "mlx5_core"), None))
+                {"vfio": "vfio-pci", "unbound": None}.get(state, "mlx5_core"), None,
+                draw(st.sampled_from([None, POOL_B])) if pools else None))
         nics.append(Nic(
             f"0000:{bus:02x}:00.0", f"mlx5_{j}", f"ib{j}", draw(numa_id), "InfiniBand",
             draw(st.sampled_from(["4: ACTIVE"] * 6 + ["1: DOWN", None])),
@@ -134,13 +137,38 @@ def requests(draw, t: NodeTopology) -> Request:
     )
 
 
+@st.composite
+def pooled_requests(draw, t: NodeTopology) -> Request:
+    """VFs of the default pool and of POOL_B, either one paired (by the rule or the hint)."""
+    vfs, pool_b = draw(st.integers(0, 2)), draw(st.integers(0, 2))
+    pool_vfs = ((POOL_B, pool_b),) if pool_b else ()
+    pair_pool = draw(st.sampled_from([None, POOL_B])) if vfs and pool_b else (
+        POOL_B if pool_b and not vfs else None)
+    return Request(
+        gpus=draw(st.integers(0, min(3, len(t.gpus)))),
+        vfs=vfs,
+        pfs=draw(st.sampled_from([0, 0, 0, 1])),
+        exclusive_cpus=draw(st.sampled_from([0, 0, 1, 2])),
+        max_distance=draw(st.one_of(st.none(), st.none(), st.sampled_from(list(Distance)))),
+        numa=draw(st.sampled_from(["preferred", "preferred", "single", "none"])),
+        pairing_hint=draw(st.sampled_from([None, None, None, "shared"])),
+        pool_vfs=pool_vfs,
+        pair_pool=pair_pool,
+    )
+
+
 def check_valid(t: NodeTopology, ledger: Ledger, r: Request, a: Allocation) -> None:
     """Counts, limits, pairing rules, allocatable devices; and the ledger accepts it."""
     assert len(a.all_gpus) == r.gpus
-    assert len(a.vfs) == r.vfs and len(a.pfs) == r.pfs
+    assert len(a.vfs) == r.all_vfs and len(a.pfs) == r.pfs
+    for pool, count in r.vf_counts:  # each pool's VFs from that pool, named as its own
+        assert sum(1 for n in a.vfs if n.pool == pool) == count
+    assert all(t.vf(n.pci_address)[1].pool == n.pool for n in a.vfs)
+    assert all(p.nic.pool == r.pair_pool for p in a.pairs if p.nic.kind == "vf")
     lo, hi, pairs = pairing_bounds(r)
     assert len(a.pairs) == pairs
-    served: dict[str, int] = {n.pci_address: 0 for n in a.all_nics}
+    served: dict[str, int] = {n.pci_address: 0 for n in a.all_nics
+                              if n.kind == "pf" or n.pool == r.pair_pool}  # the pairing's
     for p in a.pairs:
         assert p.distance == t.distance[p.gpu.pci_address][p.nic.pf_pci_address]
         if r.max_distance is not None:
@@ -182,8 +210,23 @@ def test_shared_pairings_match_brute_force_minimum(data):
     check_against_brute_force(data, shared_requests, min_gpus=3)
 
 
-def check_against_brute_force(data, make_request, min_gpus: int = 1) -> None:
-    t = data.draw(topologies(min_gpus))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_two_pool_allocations_match_brute_force_minimum(data):
+    check_against_brute_force(data, pooled_requests, pools=True)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_two_pool_requests_without_pool_vfs_match_brute_force_minimum(data):
+    """Single-pool requests on pooled nodes: the other pool's VFs are never taken, yet keep
+    their PFs open for the aligned capacity."""
+    check_against_brute_force(data, requests, pools=True)
+
+
+def check_against_brute_force(data, make_request, min_gpus: int = 1,
+                              pools: bool = False) -> None:
+    t = data.draw(topologies(min_gpus, pools))
     ledger = data.draw(ledgers(t))
     r = data.draw(make_request(t))
     alloc = Allocator(search_budget=SEARCH_BUDGET)  # the default: large enough for these

@@ -43,7 +43,7 @@ from railyard.topology.cpus import format_cpulist
 from railyard.topology.model import Distance, NodeTopology
 
 Packing = Literal["binpack", "spread"]
-_EMPTY_SIGNATURE: tuple = ((), (), (), (), ())
+_EMPTY_SIGNATURE: tuple = ((), (), (), (), (), ())
 _MEMO_LIMIT = 1 << 16
 _SHAPE_LIMIT = 1 << 14
 
@@ -309,7 +309,7 @@ def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,
             used = len(signature[0]) + request.gpus
         else:
             total = sum(map(len, shape.vfs)) or 1
-            used = sum(c for _, c in signature[1]) + request.vfs
+            used = sum(c for _, c in signature[1]) + request.all_vfs
         level = 1 + (levels - 2) * min(used, total) // total
     else:
         level = 0
@@ -331,7 +331,10 @@ class _Plan:
     CPUs, and fetches the record objects; everything here holds for any node of the shape.
     """
 
-    takes: tuple[tuple[int, int], ...]  # (PF, VFs to pick), PFs that give VFs, ascending
+    takes: tuple[tuple[int, int], ...]  # (PF, VFs to pick) of the paired pool, ascending
+    pool: int  # the paired pool's index in `shape.pool_names`
+    # Other pools' VFs, all unpaired: (PF, pool index, VFs to pick).
+    other_takes: tuple[tuple[int, int, int], ...]
     whole: tuple[int, ...]  # PFs taken whole
     pairs: tuple[tuple[int, int, int], ...]  # (GPU, PF, instance of that PF), in pair order
     lone: tuple[int, ...]  # GPUs without a NIC
@@ -380,6 +383,9 @@ def _plan(shape: NodeShape, choice: Choice, request: Request) -> _Plan:
     ids = shape.numa_ids
     return _Plan(
         takes=tuple((j, t) for j, t in enumerate(choice.vf_counts) if t),
+        pool=choice.pool,
+        other_takes=tuple((j, q, t) for q, counts in choice.other_counts
+                          for j, t in enumerate(counts) if t),
         whole=choice.whole,
         pairs=tuple(pairs),
         lone=tuple(lone),
@@ -394,15 +400,22 @@ def _plan(shape: NodeShape, choice: Choice, request: Request) -> _Plan:
 def _concrete(shape: NodeShape, ledger: Ledger, plan: _Plan) -> Allocation:
     """Devices for a plan: lowest free VF index per PF, lowest free CPUs."""
     used_vfs = ledger.used_vfs
-    # Per PF, the picked instances as (position in `shape.vf_refs[j]`, ref); −1 = whole.
-    picked: dict[int, list[tuple[int, NicRef]]] = {}
-    for j, t in plan.takes:
-        got = picked[j] = []
+    pooled = len(shape.pool_names) > 1
+
+    def pick(j: int, q: int, t: int) -> list[tuple[int, NicRef]]:
+        got: list[tuple[int, NicRef]] = []
+        in_pool = shape.vf_pool[j]
         for p, (address, ref) in enumerate(shape.vf_refs[j]):
-            if address not in used_vfs:
+            if address not in used_vfs and (not pooled or in_pool[p] == q):
                 got.append((p, ref))
                 if len(got) == t:
                     break
+        return got
+
+    # Per PF, the picked instances as (position in `shape.vf_refs[j]`, ref); −1 = whole.
+    picked: dict[int, list[tuple[int, NicRef]]] = {}
+    for j, t in plan.takes:
+        picked[j] = pick(j, plan.pool, t)
     for j in plan.whole:
         picked[j] = [(-1, shape.pf_refs[j])]
 
@@ -415,6 +428,8 @@ def _concrete(shape: NodeShape, ledger: Ledger, plan: _Plan) -> Allocation:
             pair = cache[(i, j, p)] = Pair(shape.gpu_refs[i], ref, shape.distances[i][j])
         pairs.append(pair)
     unpaired_nics = [picked[j][n][1] for j, n in plan.unpaired]
+    for j, q, t in plan.other_takes:
+        unpaired_nics += [ref for _, ref in pick(j, q, t)]
     if len(unpaired_nics) > 1:
         unpaired_nics.sort(key=lambda n: n.pci_address)
 

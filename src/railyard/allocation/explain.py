@@ -182,6 +182,16 @@ def _reason(shape: NodeShape, free: FreeState, request: Request,
     nfree = free.gpus.bit_count()
     if spec.gpus > nfree:
         return f"{_plural(spec.gpus, 'GPU')} requested but only {nfree} of {len(shape.gpus)} free"
+    if len(shape.pool_names) > 1 or spec.others or spec.pool is not None:
+        # VF pools (docs/decisions/0085): each pool's count first, then the rest as one
+        # pool's request (the paired pool's VFs are the ones the reasons below weigh).
+        index = {p: q for q, p in enumerate(shape.pool_names)}
+        for pool, n in ((spec.pool, spec.vfs), *spec.others):
+            have = sum(free.for_pool(index.get(pool)).vfs)
+            if n > have:
+                return (f"{_plural(n, 'VF')} of {_pool_name(pool)} requested but only {have} "
+                        "free")
+        free = free.for_pool(index.get(spec.pool))
     vf_free = sum(free.vfs)
     if spec.vfs > vf_free:
         why = _why_no_vfs(shape, free, list(range(len(shape.pfs))))
@@ -212,13 +222,17 @@ def _reason(shape: NodeShape, free: FreeState, request: Request,
             f"{_plural(spec.pfs, 'whole PF')} satisfies every limit at once")
 
 
+def _pool_name(pool: str | None) -> str:
+    return "the default pool" if pool is None else pool
+
+
 def budget_refusal(request: Request, limit: int) -> Refusal:
     """What a decision says when its search spent the budget: the request, the count, and
     what the pod's author can change. Unresolvable: evicting pods would not make the search
     smaller (usually larger), so kube-scheduler should not preempt for it."""
     want = [_plural(request.gpus, "GPU")] if request.gpus else []
-    if request.vfs:
-        want.append(_plural(request.vfs, "VF"))
+    if request.all_vfs:
+        want.append(_plural(request.all_vfs, "VF"))
     if request.pfs:
         want.append(_plural(request.pfs, "whole PF"))
     hints = []

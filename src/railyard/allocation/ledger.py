@@ -58,7 +58,11 @@ class Ledger:
         self.used_cpus: set[int] = set()
         self.used_memory: Counter[int] = Counter()
         self._vfs_used_per_pf: Counter[str] = Counter()
+        # VFs of pools other than the default, per (PF, pool): what the signature tells apart.
+        self._vfs_used_per_pool: Counter[tuple[str, str]] = Counter()
         self._pf_of_vf = {v.pci_address: n.pci_address for n in topology.nics for v in n.vfs}
+        self._pool_of_vf = {v.pci_address: v.pool for n in topology.nics for v in n.vfs
+                            if v.pool is not None}
         self._gpus = {g.pci_address for g in topology.gpus}
         self._pfs = {n.pci_address for n in topology.nics}
         self._numa_of_cpu = {c: n.id for n in topology.numa_nodes for c in n.cpu_ids}
@@ -92,6 +96,9 @@ class Ledger:
             self.used_memory[numa] += b
         for vf in h.vfs:
             self._vfs_used_per_pf[self._pf_of_vf[vf]] += 1
+            pool = self._pool_of_vf.get(vf)
+            if pool is not None:
+                self._vfs_used_per_pool[(self._pf_of_vf[vf], pool)] += 1
 
     def remove(self, holder: str) -> Allocation | None:
         """Free what `holder` had; None when it had nothing (removal is idempotent)."""
@@ -113,6 +120,11 @@ class Ledger:
             self._vfs_used_per_pf[pf] -= 1
             if self._vfs_used_per_pf[pf] <= 0:
                 del self._vfs_used_per_pf[pf]
+            pool = self._pool_of_vf.get(vf)
+            if pool is not None:
+                self._vfs_used_per_pool[(pf, pool)] -= 1
+                if self._vfs_used_per_pool[(pf, pool)] <= 0:
+                    del self._vfs_used_per_pool[(pf, pool)]
         return alloc
 
     def _check(self, h: Holding) -> None:
@@ -163,7 +175,9 @@ class Ledger:
         new.used_cpus = set(self.used_cpus)
         new.used_memory = Counter(self.used_memory)
         new._vfs_used_per_pf = Counter(self._vfs_used_per_pf)
+        new._vfs_used_per_pool = Counter(self._vfs_used_per_pool)
         new._pf_of_vf = self._pf_of_vf
+        new._pool_of_vf = self._pool_of_vf
         new._gpus = self._gpus
         new._pfs = self._pfs
         new._numa_of_cpu = self._numa_of_cpu
@@ -192,13 +206,19 @@ class Ledger:
     def vfs_used_on(self, pf_pci_address: str) -> int:
         return self._vfs_used_per_pf.get(pf_pci_address, 0)
 
+    def vfs_used_in_pool(self, pf_pci_address: str, pool: str) -> int:
+        """VFs of one pool other than the default in use on a PF."""
+        return self._vfs_used_per_pool.get((pf_pci_address, pool), 0)
+
     def signature(self) -> tuple:
         """The free state as a hashable value: equal on two nodes of one shape ⇒ same answers.
 
         VFs enter only as counts per PF (the allocator treats VFs of a PF as interchangeable
         and picks concrete ones afterwards), so nodes that differ only in *which* VFs are
         used still share a signature; pinned CPUs likewise enter as counts per NUMA node.
-        Memory enters per NUMA node in bytes. Cached until the next add/remove.
+        Memory enters per NUMA node in bytes. VFs of pools other than the default enter
+        again per (PF, pool), so nodes that differ in which pool's VFs are used differ; the
+        item is empty on a node without pools. Cached until the next add/remove.
         """
         if self._signature is not None:
             return self._signature
@@ -208,5 +228,6 @@ class Ledger:
             tuple(sorted(self.used_pfs)),
             tuple(sorted(Counter(self._numa_of_cpu[c] for c in self.used_cpus).items())),
             tuple(sorted(self.used_memory.items())),
+            tuple(sorted(self._vfs_used_per_pool.items())),
         )
         return self._signature

@@ -40,15 +40,46 @@ class Request:
     max_distance: Distance | None = None  # hard limit for every pair
     numa: NumaPolicy = "preferred"
     pairing_hint: Pairing | None = None  # None: the default for the counts (see `pairing`)
+    # VFs of pools other than the default (`vfs`): (resource name, count > 0), sorted by name.
+    pool_vfs: tuple[tuple[str, int], ...] = ()
+    # The pool whose VFs pair with the GPUs (docs/decisions/0085); None: the default pool.
+    # Every other pool's VFs are unpaired NICs of the Allocation.
+    pair_pool: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vfs", "pfs", "exclusive_cpus", "memory_bytes"):
             if getattr(self, name) < 0:
                 raise RequestError(name, "must not be negative")
+        names = [n for n, _ in self.pool_vfs]
+        if names != sorted(set(names)) or any(c <= 0 for _, c in self.pool_vfs):
+            raise RequestError("pool_vfs", "expected (pool, count > 0) pairs sorted by pool")
+        if self.pair_pool is not None and self.pair_pool not in names:
+            raise RequestError("pairPool", f"the pod asks no VFs of {_short(self.pair_pool)}")
+
+    @property
+    def paired_vfs(self) -> int:
+        """VFs of the pool that pairs with the GPUs."""
+        if self.pair_pool is None:
+            return self.vfs
+        return dict(self.pool_vfs)[self.pair_pool]
+
+    @property
+    def vf_counts(self) -> tuple[tuple[str | None, int], ...]:
+        """VFs asked per pool (None: the default pool), the paired pool first, then the
+        others by name; pools asked none are left out."""
+        counts: list[tuple[str | None, int]] = [(None, self.vfs)] if self.vfs else []
+        counts += [(p, c) for p, c in self.pool_vfs]
+        counts.sort(key=lambda pc: (pc[0] != self.pair_pool, pc[0] or ""))
+        return tuple((p, c) for p, c in counts)
+
+    @property
+    def all_vfs(self) -> int:
+        return self.vfs + sum(c for _, c in self.pool_vfs)
 
     @property
     def nics(self) -> int:
-        return self.vfs + self.pfs
+        """NICs that may pair with GPUs: the paired pool's VFs and whole PFs."""
+        return self.paired_vfs + self.pfs
 
     @property
     def pairing(self) -> Pairing:
@@ -61,13 +92,13 @@ class Request:
 
     @property
     def wants_devices(self) -> bool:
-        return self.gpus > 0 or self.nics > 0
+        return self.gpus > 0 or self.nics > 0 or bool(self.pool_vfs)
 
     @property
     def shape(self) -> tuple:
         """Hashable identity for memoising: two equal shapes get equal answers."""
         return (self.gpus, self.vfs, self.pfs, self.exclusive_cpus, self.memory_bytes,
-                self.max_distance, self.numa, self.pairing)
+                self.max_distance, self.numa, self.pairing, self.pool_vfs, self.pair_pool)
 
 
 # ----------------------------------------------------------------------- quantities
@@ -229,7 +260,7 @@ def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Requ
     # the containers after them (staticPolicy.podGuaranteedCPUs).
     # Each quantity is within int64, their sum need not be (Kubernetes keeps the pod's in
     # int64 too); what the core is handed stays a number Kubernetes could have meant.
-    for name in (names.gpu, names.vf, names.pf, "cpu", "memory"):
+    for name in (*names.managed, "cpu", "memory"):
         total = totals.get(name, Fraction(0))
         if total > _MAX_QUANTITY:
             raise RequestError(f"resources[{name}]",
@@ -245,14 +276,45 @@ def request_from_pod(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> Requ
     if not isinstance(meta, dict):
         raise RequestError("metadata", "expected an object")
     hints = hints_from_annotations(meta.get("annotations"))
+    vfs = _count(totals.get(names.vf, Fraction(0)), f"resources[{names.vf}]")
+    pool_vfs = tuple((p, n) for p in sorted(names.vf_pools)
+                     if (n := _count(totals.get(p, Fraction(0)), f"resources[{p}]")))
     return Request(
         gpus=_count(totals.get(names.gpu, Fraction(0)), f"resources[{names.gpu}]"),
-        vfs=_count(totals.get(names.vf, Fraction(0)), f"resources[{names.vf}]"),
+        vfs=vfs,
         pfs=_count(totals.get(names.pf, Fraction(0)), f"resources[{names.pf}]"),
         exclusive_cpus=exclusive,
         memory_bytes=int(memory) if exclusive else 0,
+        pool_vfs=pool_vfs,
+        pair_pool=pair_pool_of(vfs, pool_vfs, hints.pop("pair_pool", None), names),
         **hints,
     )
+
+
+def pair_pool_of(vfs: int, pool_vfs: tuple[tuple[str, int], ...], hint: str | None,
+                 names: ResourceNames = DEFAULT_RESOURCES) -> str | None:
+    """Which pool's VFs pair with the GPUs (docs/decisions/0085): the `pairPool` hint, else
+    the default pool when the pod asks for its VFs or for no other pool's, else the one
+    other pool it asks for; a pod asking VFs of several other pools and none of the default
+    must say which with `pairPool`. None is the default pool."""
+    field = f"metadata.annotations[{REQUEST_ANNOTATION}].pairPool"
+    asked = [p for p, _ in pool_vfs]
+    if hint is not None:
+        if hint == names.vf:
+            if not vfs and asked:
+                raise RequestError(field, f"the pod asks no {names.vf}")
+            return None
+        if hint not in asked:
+            known = ", ".join([names.vf, *asked]) if vfs else ", ".join(asked) or names.vf
+            raise RequestError(field, f"the pod asks no VFs of {_short(hint)} "
+                                      f"(it asks: {known})")
+        return hint
+    if vfs or not asked:
+        return None
+    if len(asked) == 1:
+        return asked[0]
+    raise RequestError(field, f"the pod asks VFs of {', '.join(asked)} and none of "
+                              f"{names.vf}: name the pool that pairs with the GPUs")
 
 
 def hints_from_annotations(annotations: Any) -> dict[str, Any]:
@@ -283,11 +345,11 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
         raise RequestError(field, "expected a JSON object")
     # A hint's error quotes at most 40 characters of what it refuses (`_short`): the
     # annotation may be 256 KiB, its error goes to kube-scheduler, the logs and Events.
-    unknown = set(data) - {"maxDistance", "numa", "pairing"}
+    unknown = set(data) - {"maxDistance", "numa", "pairing", "pairPool"}
     if unknown:
         key = sorted(unknown)[0]
         raise RequestError(f"{field}.{key if len(key) <= 40 else key[:37] + '...'}",
-                           "unknown key (known: maxDistance, numa, pairing)")
+                           "unknown key (known: maxDistance, numa, pairPool, pairing)")
     out: dict[str, Any] = {}
     if "maxDistance" in data:
         v = data["maxDistance"]
@@ -310,6 +372,12 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
             raise RequestError(f"{field}.pairing", f"expected one of {'|'.join(PAIRINGS)}, "
                                                    f"got {_short(data['pairing'])}")
         out["pairing_hint"] = data["pairing"]
+    if "pairPool" in data:
+        v = data["pairPool"]
+        if not isinstance(v, str) or v.count("/") != 1 or not all(v.partition("/")[::2]):
+            raise RequestError(f"{field}.pairPool",
+                               f"expected a VF pool's resource name, got {_short(v)}")
+        out["pair_pool"] = v
     return out
 
 
@@ -344,4 +412,5 @@ def parse_request_spec(text: str, hints: str | None = None) -> Request:
         except RecursionError:
             raise RequestError("hints", "not valid JSON: nested too deeply") from None
         extra = parse_hints(data, "hints")
+    extra["pair_pool"] = pair_pool_of(values.get("vfs", 0), (), extra.pop("pair_pool", None))
     return Request(**values, **extra)

@@ -112,6 +112,10 @@ class Spec:
     lo: int
     hi: int
     pairs: int
+    # VF pools (docs/decisions/0085): `vfs` counts the paired pool's VFs (`pool`, None the
+    # default); `others` the VFs of every other pool asked, (pool, count), unpaired.
+    pool: str | None = None
+    others: tuple[tuple[str | None, int], ...] = ()
 
     @classmethod
     def of(cls, r: Request) -> Spec:
@@ -126,8 +130,9 @@ class Spec:
             lo = hi = 1
             pairs = n
         maxd = int(r.max_distance) if r.max_distance is not None else int(Distance.SYS)
-        return cls(k, r.vfs, r.pfs, r.exclusive_cpus, r.memory_bytes, maxd, r.numa,
-                   lo, hi, pairs)
+        others = tuple((p, c) for p, c in r.vf_counts if p != r.pair_pool)
+        return cls(k, r.paired_vfs, r.pfs, r.exclusive_cpus, r.memory_bytes, maxd, r.numa,
+                   lo, hi, pairs, r.pair_pool, others)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +142,14 @@ class Choice:
     gpus: tuple[int, ...]  # GPU indices, ascending (pair order)
     targets: tuple[tuple[int, PfMode] | None, ...]  # per GPU: (PF index, VF|WHOLE) or unpaired
     whole: tuple[int, ...]  # PFs taken whole, ascending
-    vf_counts: tuple[int, ...]  # VFs taken per PF
+    vf_counts: tuple[int, ...]  # VFs of the paired pool taken per PF
     numa_mask: int  # NUMA bits spanned by devices and CPUs
     cpus: tuple[tuple[int, int], ...]  # (NUMA bit, CPUs), for NUMA nodes holding CPUs
     memory: tuple[tuple[int, int], ...]  # (NUMA bit, bytes)
     key: tuple[int, ...]  # items 2–6 of the key (aligned capacity negated)
+    pool: int = 0  # the paired pool's index in `shape.pool_names`
+    # Every other pool asked: (its index, VFs taken per PF), in `Spec.others` order.
+    other_counts: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 def max_matching(adj: tuple[int, ...], gpu_mask: int, pf_mask: int) -> int:
@@ -192,13 +200,18 @@ def vfs_beside_whole(free: FreeState, pfs: int, only: Collection[int] | None = N
     return sum(free.vfs[j] for j in js) - sum(kept)
 
 
-def _counts_fit(free: FreeState, spec: Spec, gpus: int, pfs: Collection[int] | None) -> bool:
+def _counts_fit(free: FreeState, spec: Spec, gpus: int, pfs: Collection[int] | None,
+                others: Collection[tuple[FreeState, int]] = ()) -> bool:
     """Whether `gpus` free GPUs and the PFs `pfs` (None: all) hold the request's device
-    counts: VFs, whole PFs, and both at once."""
+    counts: VFs, whole PFs, and both at once; `others`: each other pool's free state and
+    count, checked the same way."""
     js = range(len(free.vfs)) if pfs is None else pfs
     return (gpus >= spec.gpus and sum(free.vfs[j] for j in js) >= spec.vfs
             and sum(free.whole_ok[j] for j in js) >= spec.pfs
-            and not (spec.vfs and spec.pfs and vfs_beside_whole(free, spec.pfs, js) < spec.vfs))
+            and not (spec.vfs and spec.pfs and vfs_beside_whole(free, spec.pfs, js) < spec.vfs)
+            and all(sum(f.vfs[j] for j in js) >= n
+                    and not (spec.pfs and vfs_beside_whole(f, spec.pfs, js) < n)
+                    for f, n in others))
 
 
 def _bits(mask: int) -> list[int]:
@@ -218,10 +231,20 @@ class Search:
         self.any_feasible = any_feasible  # stop at the first feasible choice (explanations)
         self.budget = budget
         self.shape = shape
-        self.free = free
         self.spec = spec
         self.npf = len(shape.pfs)
-        self.open0 = sum(1 << j for j, r in enumerate(free.vfs) if r > 0)
+        # VF pools: the search proper sees the paired pool's VFs as `free.vfs`; each other
+        # pool asked is (its index, its free state, the count), filled in at level 3. A PF
+        # counts as open (aligned capacity) while it has a free VF of any pool.
+        index = {p: q for q, p in enumerate(shape.pool_names)}
+        self.pool = index.get(spec.pool, -1)
+        self.free = free.for_pool(index.get(spec.pool))
+        self.others = [(index.get(p, -1), free.for_pool(index.get(p)), n)
+                       for p, n in spec.others]
+        any_vfs = free.any_vfs or free.vfs
+        # Per PF: free VFs of pools other than the paired one (keep the PF open).
+        self.other_free = [a - b for a, b in zip(any_vfs, self.free.vfs, strict=True)]
+        self.open0 = sum(1 << j for j, r in enumerate(any_vfs) if r > 0)
         self._span: dict[int, tuple[int, int] | None] = {}
         self.best_key: tuple[int, ...] | None = None
         self.best_tie: tuple | None = None
@@ -368,11 +391,12 @@ class Search:
         # VFs and whole PFs compete for the same PFs, and `numa: single` wants every device
         # on one NUMA node. Without these counts the search, having no incumbent to prune
         # with, walks every GPU set and pairing to find nothing.
-        if not _counts_fit(fr, sp, len(free_gpus), None):
+        others = [(f, n) for _, f, n in self.others]
+        if not _counts_fit(fr, sp, len(free_gpus), None, others):
             return None
         if sp.numa == "single" and not any(
                 _counts_fit(fr, sp, sum(1 for i in free_gpus if sh.gpu_numa[i] == b),
-                            [j for j in range(self.npf) if sh.pf_numa[j] == b])
+                            [j for j in range(self.npf) if sh.pf_numa[j] == b], others)
                 for b in range(len(sh.numa_ids) + 1)):
             return None
         self.offers: dict[int, list[tuple[int, int, PfMode]]] = {}  # (distance, PF, mode)
@@ -504,7 +528,7 @@ class Search:
         for j in range(npf):
             if tmin[j]:
                 need_numa |= 1 << pf_numa[j]
-                if tmin[j] >= rvf[j]:
+                if tmin[j] >= rvf[j] and not self.other_free[j]:
                     need_closed |= 1 << j
         smin, smax_all = sum(tmin), sum(tmax)
         for wset in combinations(whole_cands, extra_whole):
@@ -513,6 +537,10 @@ class Search:
                 self.spend()
             if not smin <= vfs <= smax_all - sum(tmax[j] for j in wset):
                 continue
+            if self.others and any(
+                    sum(f.vfs[j] for j in range(npf) if mode[j] != _WHOLE and j not in wset) < n
+                    for _, f, n in self.others):
+                continue  # another pool's VFs do not fit beside the whole PFs
             wnuma, wmask = need_numa, need_closed
             for j in wset:
                 wnuma |= 1 << pf_numa[j]
@@ -526,33 +554,57 @@ class Search:
     def _fill(self, fixed: tuple, wset: tuple[int, ...], tmin: list[int],
               tmax: list[int]) -> None:
         """Choose VF counts per PF (address order, most on the lowest PF first, so the first
-        of equal keys found is the lowest) once the pairing and the whole PFs are fixed."""
+        of equal keys found is the lowest) once the pairing and the whole PFs are fixed:
+        the paired pool's first, then each other pool's asked (`Spec.others`) the same way.
+        """
         gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
         sp, npf, rvf = self.spec, self.npf, self.free.vfs
-        self.explored += npf  # its passes over the PFs
+        self.explored += npf * (1 + len(self.others))  # its passes over the PFs
         pf_numa = self.shape.pf_numa
         wmask_pf = sum(1 << j for j in wset)
-        order = [j for j in range(npf)
+        whole_mask = paired_whole_mask | wmask_pf
+        # Slots: (PF, segment, least, most, free VFs of that pool there); segment 0 is the
+        # paired pool, then one per other pool. Counts are chosen slot by slot.
+        slots = [(j, 0, tmin[j], tmax[j], rvf[j]) for j in range(npf)
                  if not (wmask_pf >> j) & 1 and (tmax[j] > 0 or tmin[j] > 0)]
-        n = len(order)
-        # Suffix sums bound what the PFs from position idx on can still take.
+        needs = [sp.vfs]
+        for seg, (_, f, n) in enumerate(self.others, 1):
+            slots += [(j, seg, 0, f.vfs[j], f.vfs[j]) for j in range(npf)
+                      if not (whole_mask >> j) & 1 and f.vfs[j] > 0]
+            needs.append(n)
+        n = len(slots)
+        # A PF can end with no free VF only when every pool with a free VF there has a slot.
+        covered = [0] * npf
+        for j, _, _, _, cap in slots:
+            covered[j] += cap
+        any_vfs = self.free.any_vfs or rvf
+        closable = sum(1 << j for j in range(npf) if covered[j] >= any_vfs[j] > 0)
+        # Suffix sums bound what the slots from position idx on can still take, within
+        # their segment (each segment's count is the request's).
         smin = [0] * (n + 1)
         smax = [0] * (n + 1)
-        snuma = [0] * (n + 1)  # NUMA bits of later PFs that must give VFs
-        sclosed = [0] * (n + 1)  # later PFs that must give all their free VFs
+        snuma = [0] * (n + 1)  # NUMA bits of later slots that must give VFs
+        sforced = [0] * (n + 1)  # PFs whose later slots must all give every free VF
+        sforced[n] = (1 << npf) - 1
         for idx in range(n - 1, -1, -1):
-            j = order[idx]
-            smin[idx] = smin[idx + 1] + tmin[j]
-            smax[idx] = smax[idx + 1] + tmax[j]
-            snuma[idx] = snuma[idx + 1] | ((1 << pf_numa[j]) if tmin[j] else 0)
-            sclosed[idx] = sclosed[idx + 1] | ((1 << j) if tmin[j] >= rvf[j] else 0)
-        if not smin[0] <= sp.vfs <= smax[0]:
+            j, seg, lo_t, hi_t, cap = slots[idx]
+            same = idx + 1 < n and slots[idx + 1][1] == seg
+            smin[idx] = (smin[idx + 1] if same else 0) + lo_t
+            smax[idx] = (smax[idx + 1] if same else 0) + hi_t
+            snuma[idx] = snuma[idx + 1] | ((1 << pf_numa[j]) if lo_t else 0)
+            sforced[idx] = sforced[idx + 1] & ~(0 if lo_t >= cap else 1 << j)
+        starts = {idx: slots[idx][1] for idx in range(n)
+                  if idx == 0 or slots[idx - 1][1] != slots[idx][1]}
+        if any(not smin[idx] <= needs[seg] <= smax[idx] for idx, seg in starts.items()):
             return
+        present = set(starts.values())
+        if any(need and seg not in present for seg, need in enumerate(needs)):
+            return  # a pool asked for has no PF left to give its VFs
         wnuma = mask
         for j in wset:
             wnuma |= 1 << pf_numa[j]
         ctx = (gset, targets, wset)
-        counts = [0] * npf
+        counts = [[0] * npf for _ in needs]
         # States counted in a local (cheaper than the attribute in this, the hottest loop),
         # added to `explored` on the way out; `room` is what the budget still allows.
         room = self.limit - self.explored
@@ -562,44 +614,57 @@ class Search:
             bt = self.best_tie
             return bt is not None and (bt[0], bt[1], bt[2]) <= ctx
 
-        def dfs(idx: int, rem: int, cmask: int, closed: int) -> None:
+        def dfs(idx: int, rem: int, cmask: int, notfull: int) -> None:
             nonlocal visited
             visited += 1
             if visited > room:
                 self.spend()
+            if idx in starts:
+                if rem:
+                    return  # the previous segment did not reach its count
+                rem = needs[starts[idx]]
             if idx == n:
+                if rem:
+                    return
                 s = self.span(cmask)
                 if s is None:
                     return
+                closed = whole_mask | (closable & ~notfull)
                 a = self.aligned(gpus_after, self.open0 & ~closed)
                 key = (worst, total, s[0], crowd[0], crowd[1], -a)
-                vfms = tuple(j for j in range(npf) for _ in range(counts[j]))
+                vfms = tuple(j for c in counts for j in range(npf) for _ in range(c[j]))
                 tie = (gset, targets, wset, vfms)
                 if self.best_key is None or (key, tie) < (self.best_key, self.best_tie):
                     self.best_key, self.best_tie = key, tie
-                    self.best = (gset, targets, wset, tuple(counts), cmask, s[1])
+                    self.best = (gset, targets, wset, tuple(counts[0]), cmask, s[1],
+                                 tuple(tuple(c) for c in counts[1:]))
                     if self.any_feasible:
                         raise _Found
                 return
             if self._loses(worst, total,
                            lambda: (self.span(cmask | snuma[idx]) or (None,))[0], crowd,
-                           lambda: self.aligned(gpus_after,
-                                                self.open0 & ~(closed | sclosed[idx])),
+                           lambda: self.aligned(
+                               gpus_after, self.open0 & ~(
+                                   whole_mask | (closable & ~notfull & sforced[idx]))),
                            ties_lose):
                 return
-            j = order[idx]
-            top = min(tmax[j], rem - smin[idx + 1])
-            bottom = max(tmin[j], rem - smax[idx + 1])
+            j, seg, lo_t, hi_t, cap = slots[idx]
+            last = idx + 1 == n or slots[idx + 1][1] != seg
+            after_min = 0 if last else smin[idx + 1]
+            after_max = 0 if last else smax[idx + 1]
+            top = min(hi_t, rem - after_min)
+            bottom = max(lo_t, rem - after_max)
             bit = 1 << pf_numa[j]
+            row = counts[seg]
             for t in range(top, bottom - 1, -1):
-                counts[j] = t
+                row[j] = t
                 dfs(idx + 1, rem - t, cmask | bit if t else cmask,
-                    closed | (1 << j) if t >= rvf[j] else closed)
-            counts[j] = 0
+                    notfull if t >= cap else notfull | (1 << j))
+            row[j] = 0
 
         try:
             # PFs taken whole leave no free VF behind.
-            dfs(0, sp.vfs, wnuma, paired_whole_mask | wmask_pf)
+            dfs(0, 0 if 0 in starts else sp.vfs, wnuma, 0)
         finally:
             self.explored += visited
 
@@ -607,7 +672,7 @@ class Search:
 
     def _choice(self) -> Choice:
         assert self.best is not None and self.best_key is not None
-        gset, targets, wset, counts, dev_mask, cpu_mask = self.best
+        gset, targets, wset, counts, dev_mask, cpu_mask, other_counts = self.best
         sp, fr = self.spec, self.free
         nreal = len(self.shape.numa_ids)
         cpu_bits = _bits(cpu_mask)
@@ -625,6 +690,9 @@ class Search:
             cpus=tuple(c for c in cpus if c[1]),
             memory=tuple(m for m in memory if m[1]),
             key=self.best_key,
+            pool=max(self.pool, 0),
+            other_counts=tuple((q, c) for (q, _, _), c in zip(self.others, other_counts,
+                                                                strict=True)),
         )
 
 
@@ -722,7 +790,7 @@ class _Pairing:
             if tmin_new > free_vfs or inst - tmin_old + tmin_new > sp.vfs:
                 return None
             self.inst = inst - tmin_old + tmin_new
-            if tmin_new >= free_vfs:
+            if tmin_new >= free_vfs and not self.search.other_free[j]:
                 self.closed = closed | (1 << j)
         else:
             if m == _VF or load + 1 > sp.hi or (m == _UNUSED and wholes + 1 > sp.pfs):

@@ -71,6 +71,11 @@ class NodeShape:
     gpu_numa: tuple[int, ...]  # bit index per GPU (len(numa_ids) means "unknown")
     pf_numa: tuple[int, ...]
     vfs: tuple[tuple[Vf, ...], ...]  # allocatable VFs per PF, lowest vf index first
+    # VF pools (docs/decisions/0085): their names (None, the default pool, first), and per
+    # PF the pool index of each VF of `vfs`, and how many of them each pool has.
+    pool_names: tuple[str | None, ...]
+    vf_pool: tuple[tuple[int, ...], ...]
+    pool_sizes: tuple[tuple[int, ...], ...]  # [pool][PF]: allocatable VFs
     has_held_vfs: tuple[bool, ...]  # per PF: some VF is out of the host view
     port_ok: tuple[bool, ...]
     whole_static: tuple[bool, ...]  # may be taken whole when nothing of it is in use
@@ -78,6 +83,7 @@ class NodeShape:
     cpus: tuple[tuple[int, ...], ...]  # per NUMA bit: CPU ids, ascending
     memory: tuple[int, ...]  # per NUMA bit: bytes
     nonallocatable_vfs: dict[str, int]  # VF address never offered (vfio, held) -> PF index
+    pool_of_vf: dict[str, int]  # every VF's address -> its pool index (used VFs' pools)
     caches: ShapeCaches
     # Ready-made record parts (immutable), so turning a choice into an Allocation is cheap.
     gpu_refs: tuple[GpuRef, ...]
@@ -123,6 +129,7 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         for v in n.vfs if not ok or not vf_allocatable(v)
     }
     numa_by_id = {n.id: n for n in topology.numa_nodes}
+    pool_names = _pool_names(pfs)
     return NodeShape(
         topology=topology,
         key=key,
@@ -134,6 +141,7 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         gpu_numa=tuple(numa_bit(g.numa_node) for g in gpus),
         pf_numa=tuple(numa_bit(n.numa_node) for n in pfs),
         vfs=vfs,
+        **_pools(pfs, vfs, pool_names),
         has_held_vfs=held,
         port_ok=port_ok,
         whole_static=tuple(ok and not n.default_route for n, ok in zip(pfs, port_ok,
@@ -148,6 +156,30 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         **_refs(gpus, pfs, vfs),
         distances=tuple(tuple(Distance(d) for d in row) for row in dist),
     )
+
+
+def _pool_names(pfs: Sequence[Nic]) -> tuple[str | None, ...]:
+    named = {v.pool for n in pfs for v in n.vfs if v.pool is not None}
+    return (None, *sorted(named))
+
+
+class _Pools(TypedDict):
+    pool_names: tuple[str | None, ...]
+    vf_pool: tuple[tuple[int, ...], ...]
+    pool_sizes: tuple[tuple[int, ...], ...]
+    pool_of_vf: dict[str, int]
+
+
+def _pools(pfs: Sequence[Nic], vfs: Sequence[Sequence[Vf]],
+           names: tuple[str | None, ...]) -> _Pools:
+    index = {p: i for i, p in enumerate(names)}
+    vf_pool = tuple(tuple(index[v.pool] for v in vs) for vs in vfs)
+    return {
+        "pool_names": names,
+        "vf_pool": vf_pool,
+        "pool_sizes": tuple(tuple(ps.count(q) for ps in vf_pool) for q in range(len(names))),
+        "pool_of_vf": {v.pci_address: index[v.pool] for n in pfs for v in n.vfs},
+    }
 
 
 def _offered_vfs(pfs: Sequence[Nic], port_ok: Sequence[bool]) -> tuple[tuple[Vf, ...], ...]:
@@ -192,7 +224,7 @@ def same_shape(known: NodeShape, topology: NodeTopology) -> NodeShape:
     pfs = tuple(sorted(topology.nics, key=lambda n: n.pci_address))
     vfs = _offered_vfs(pfs, known.port_ok)
     return replace(known, topology=topology, gpus=gpus, pfs=pfs, vfs=vfs,
-                   **_refs(gpus, pfs, vfs))
+                   **_refs(gpus, pfs, vfs), **_pools(pfs, vfs, known.pool_names))
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,17 +237,33 @@ class FreeState:
     cpus: tuple[int, ...]  # free CPUs per NUMA bit
     memory: tuple[int, ...]  # free bytes per NUMA bit
     in_use: bool  # anything at all held on the node (for packing)
+    # [pool][PF]: free VFs of each pool (`shape.pool_names`); `vfs` is their sum, except in
+    # `for_pool`'s view, where it is one pool's and `any_vfs` keeps the sum.
+    pools: tuple[tuple[int, ...], ...] = ()
+    any_vfs: tuple[int, ...] = ()
+
+    def for_pool(self, pool: int | None) -> FreeState:
+        """The free state as one pool's request sees it: `vfs` counts that pool's VFs only
+        (none when the node has no such pool)."""
+        if pool is None:
+            return replace(self, vfs=(0,) * len(self.vfs))
+        if len(self.pools) == 1:
+            return self
+        return replace(self, vfs=self.pools[pool])
 
 
 def empty_state(shape: NodeShape) -> FreeState:
+    vfs = tuple(len(v) for v in shape.vfs)
     return FreeState(
         gpus=(1 << len(shape.gpus)) - 1,
-        vfs=tuple(len(v) for v in shape.vfs),
+        vfs=vfs,
         whole_ok=tuple(w and not h for w, h in zip(shape.whole_static, shape.has_held_vfs,
                                                   strict=True)),
         cpus=tuple(len(c) for c in shape.cpus),
         memory=shape.memory,
         in_use=False,
+        pools=shape.pool_sizes,
+        any_vfs=vfs,
     )
 
 
@@ -233,13 +281,17 @@ def free_state(shape: NodeShape, ledger: Ledger, signature: Sequence) -> FreeSta
             gpus |= 1 << i
     vfs: list[int] = []
     whole: list[bool] = []
+    npools = len(shape.pool_names)
     # Used VFs that were never offered (vfio, held) do not reduce the offered count.
     odd = [0] * len(shape.pfs)
+    odd_pool = [[0] * len(shape.pfs) for _ in range(npools)]
     if shape.nonallocatable_vfs:
         for v in ledger.used_vfs:
             j = shape.nonallocatable_vfs.get(v)
             if j is not None:
                 odd[j] += 1
+                odd_pool[shape.pool_of_vf[v]][j] += 1
+    pools = [[0] * len(shape.pfs) for _ in range(npools)]
     for j, n in enumerate(shape.pfs):
         a = n.pci_address
         used = ledger.vfs_used_on(a)
@@ -249,6 +301,16 @@ def free_state(shape: NodeShape, ledger: Ledger, signature: Sequence) -> FreeSta
             continue
         vfs.append(len(shape.vfs[j]) - (used - odd[j]))
         whole.append(shape.whole_static[j] and used == 0 and not shape.has_held_vfs[j])
+        if npools == 1:
+            continue
+        rest = vfs[-1]
+        for q in range(1, npools):
+            name = shape.pool_names[q]
+            assert name is not None  # only the default pool, index 0, is unnamed
+            used_q = ledger.vfs_used_in_pool(a, name)
+            pools[q][j] = shape.pool_sizes[q][j] - (used_q - odd_pool[q][j])
+            rest -= pools[q][j]
+        pools[0][j] = rest
     cpu_used = dict(signature[3])
     mem_used = dict(signature[4])
     cpus = tuple(len(c) - cpu_used.get(nid, 0) for nid, c in zip(shape.numa_ids, shape.cpus,
@@ -256,4 +318,7 @@ def free_state(shape: NodeShape, ledger: Ledger, signature: Sequence) -> FreeSta
     memory = tuple(m - mem_used.get(nid, 0) for nid, m in zip(shape.numa_ids, shape.memory,
                                                              strict=True))
     in_use = any(signature)
-    return FreeState(gpus, tuple(vfs), tuple(whole), cpus, memory, in_use)
+    free_vfs = tuple(vfs)
+    return FreeState(gpus, free_vfs, tuple(whole), cpus, memory, in_use,
+                     pools=(free_vfs,) if npools == 1 else tuple(map(tuple, pools)),
+                     any_vfs=free_vfs)

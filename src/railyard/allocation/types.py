@@ -41,10 +41,12 @@ class NicRef:
     vf_index: int | None
     rdma_device: str | None
     netdev: str | None
+    pool: str | None = None  # a VF's pool (its resource name); None: the default pool
 
     @classmethod
     def of_vf(cls, pf: Nic, vf: Vf) -> NicRef:
-        return cls("vf", vf.pci_address, pf.pci_address, vf.vf_index, vf.rdma_device, vf.netdev)
+        return cls("vf", vf.pci_address, pf.pci_address, vf.vf_index, vf.rdma_device,
+                   vf.netdev, vf.pool)
 
     @classmethod
     def of_pf(cls, pf: Nic) -> NicRef:

@@ -48,10 +48,13 @@ def gpu_to_json(g: GpuRef) -> dict[str, Any]:
 
 
 def nic_to_json(n: NicRef) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "kind": n.kind, "pciAddress": n.pci_address, "pfPciAddress": n.pf_pci_address,
         "vfIndex": n.vf_index, "rdmaDevice": n.rdma_device, "netdev": n.netdev,
     }
+    if n.pool is not None:  # absent: the default pool, as every record before pools says
+        out["pool"] = n.pool
+    return out
 
 
 def allocation_to_json(a: Allocation) -> dict[str, Any]:
@@ -94,8 +97,12 @@ def nic_from_json(v: Any, where: str) -> NicRef:
         f.fail("", "a whole PF has pfPciAddress == pciAddress and no vfIndex")
     if kind == "vf" and (vf_index is None or pf == addr):
         f.fail("", "a VF needs a vfIndex ≥ 0 and a PF address of its own")
+    pool = f.string_or_null("pool") if "pool" in f else None
+    if pool is not None and (kind == "pf" or pool.count("/") != 1
+                             or not all(pool.partition("/")[::2])):
+        f.fail("pool", "only a VF has a pool, named by its resource name (domain/name)")
     return NicRef(kind, addr, pf, vf_index,  # type: ignore[arg-type]
-                  f.string_or_null("rdmaDevice"), f.string_or_null("netdev"))
+                  f.string_or_null("rdmaDevice"), f.string_or_null("netdev"), pool)
 
 
 def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:

@@ -69,18 +69,22 @@ def _nic_to_json(n: Nic) -> dict[str, Any]:
         "totalVfs": n.total_vfs,
         "uverbs": n.uverbs,
         "defaultRoute": n.default_route,
-        "vfs": [
-            {
-                "pciAddress": v.pci_address,
-                "vfIndex": v.vf_index,
-                "rdmaDevice": v.rdma_device,
-                "netdev": v.netdev,
-                "driver": v.driver,
-                "uverbs": v.uverbs,
-            }
-            for v in n.vfs
-        ],
+        "vfs": [_vf_to_json(v) for v in n.vfs],
     }
+
+
+def _vf_to_json(v: Vf) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "pciAddress": v.pci_address,
+        "vfIndex": v.vf_index,
+        "rdmaDevice": v.rdma_device,
+        "netdev": v.netdev,
+        "driver": v.driver,
+        "uverbs": v.uverbs,
+    }
+    if v.pool is not None:  # absent: the default pool, as every document before pools says
+        out["pool"] = v.pool
+    return out
 
 
 # ---------------------------------------------------------------------------- decode
@@ -133,6 +137,7 @@ def _nic_from_json(o: Fields) -> Nic:
             netdev=v.string_or_null("netdev"),
             driver=v.string_or_null("driver"),
             uverbs=v.string_or_null("uverbs"),
+            pool=_pool(v),
         )
         for v in o.objects("vfs", optional=True)
     )
@@ -152,6 +157,16 @@ def _nic_from_json(o: Fields) -> Nic:
         uverbs=o.string_or_null("uverbs"),
         default_route=o.boolean("defaultRoute", False),
     )
+
+
+def _pool(v: Fields) -> str | None:
+    """A VF's pool: absent or null is the default pool; else a resource name (domain/name)."""
+    if "pool" not in v or v.get("pool") is None:
+        return None
+    name = v.string("pool")
+    if name.count("/") != 1 or not all(name.partition("/")[::2]):
+        v.fail("pool", f"expected a resource name (domain/name), got {name[:60]!r}")
+    return name
 
 
 def _unique_addresses(gpus: tuple[Gpu, ...], nics: tuple[Nic, ...]) -> None:

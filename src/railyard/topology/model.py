@@ -138,6 +138,10 @@ class Vf:
     netdev: str | None
     driver: str | None
     uverbs: str | None
+    # The VF pool (its resource name) the node's agent offers it in; None: the default pool
+    # (`railyard.dev/vf` unless configured otherwise). Pools are resource names, so the
+    # topology needs no name table (docs/decisions/0085).
+    pool: str | None = None
 
     @property
     def is_rdma(self) -> bool:
@@ -224,8 +228,8 @@ class NodeTopology:
             tuple((g.pci_address, g.numa_node) for g in self.gpus),
             tuple(
                 (n.pci_address, n.numa_node, n.port_state, n.driver, n.default_route,
-                 tuple((v.pci_address, v.driver, v.rdma_device is not None, v.netdev is not None)
-                       for v in n.vfs))
+                 tuple((v.pci_address, v.driver, v.rdma_device is not None, v.netdev is not None,
+                        v.pool) for v in n.vfs))
                 for n in self.nics
             ),
             tuple(
