@@ -81,7 +81,14 @@ def simulate(
 
     try:
         from railyard.sim.arrivals import ARRIVAL_MODES, DemandRule, draw_arrivals, trace_arrivals
-        from railyard.sim.report import FOOTNOTES, RunInfo, console_rows, headline, write_report
+        from railyard.sim.report import (
+            FOOTNOTES,
+            RunInfo,
+            bound_line,
+            console_rows,
+            headline,
+            write_report,
+        )
         from railyard.sim.run import PolicyError, parse_policies
         from railyard.sim.run import simulate as run_simulation
         from railyard.sim.trace import TraceError, load_trace
@@ -159,9 +166,9 @@ def simulate(
     except OSError as exc:
         fail(f"cannot write the report to {output}: {exc}")
     print_table(console, result, info, console_rows(result), FOOTNOTES)
-    lead = headline(result)
-    if lead:
-        console.print(lead, highlight=False)
+    for line in (headline(result), bound_line(result)):
+        if line:
+            console.print(line, highlight=False)
     # soft_wrap: the path stays on one line, whole, for copying.
     console.print(f"report: [bold]{report}[/bold]  (metrics.json and PNGs alongside)",
                   soft_wrap=True, highlight=False)

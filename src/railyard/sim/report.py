@@ -405,7 +405,8 @@ CHARTS = (
     ("pairs.png", chart_pairs, "Pairs by distance class, and multi-GPU pods"),
     ("heatmap.png", chart_heatmap, "A sample of nodes"),
 )
-REPORT_FILES = (*(f for f, _, _ in CHARTS), "report.html", "metrics.json")  # in move order
+REPORT_FILES = (*(f for f, _, _ in CHARTS), "report.html", "bounds.json",
+                "metrics.json")  # in move order
 
 
 # ------------------------------------------------------------------------ writing
@@ -429,6 +430,8 @@ def write_report(result: SimResult, info: RunInfo, outdir: Path) -> Path:
             images[filename] = (title,
                                 base64.b64encode((tmp / filename).read_bytes()).decode("ascii"))
         (tmp / "report.html").write_text(render_html(result, info, images), encoding="utf-8")
+        (tmp / "bounds.json").write_text(json.dumps(bounds_json(result), indent=2) + "\n",
+                                         encoding="utf-8")
         metrics = json.dumps(result.metrics_json(), indent=2, sort_keys=False) + "\n"
         (tmp / "metrics.json").write_text(metrics, encoding="utf-8")
         for name in REPORT_FILES:
@@ -436,6 +439,27 @@ def write_report(result: SimResult, info: RunInfo, outdir: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return outdir / "report.html"
+
+
+def bounds_json(result: SimResult) -> dict[str, Any]:
+    """`bounds.json`: the offline upper bounds, their class and assumptions."""
+    if result.bounds is None:
+        missing = {"value": None, "method": "none", "note": "not computed for this run"}
+        return {"gpuAllocationRatio": missing, "gdrCapablePodShare": missing}
+    return result.bounds.as_json()
+
+
+def bound_line(result: SimResult) -> str:
+    """One line for the console and the report: the bounds, or why there are none."""
+    b = result.bounds
+    if b is None:
+        return ""
+    gpu, gdr = b.gpu_allocation_ratio, b.gdr_capable_pod_share
+    multi = max((r.metrics.multi_arrived for r in result.results.values()), default=0)
+    gpu_text = "not computed" if gpu.value is None else f"≤ {_pct(gpu.value)}"
+    gdr_text = ("not computed" if gdr.count is None else f"≤ {gdr.count}/{multi}")
+    return (f"Offline bound (any policy, same arrivals; bounds.json): GPU allocation {gpu_text}, "
+            f"GDR-capable multi-GPU pods {gdr_text}.")
 
 
 def headline(result: SimResult) -> str:
@@ -479,6 +503,20 @@ img{max-width:100%;border:1px solid #eee;margin:.4rem 0}
 """
 
 
+def _bound_html(result: SimResult) -> str:
+    if result.bounds is None:
+        return ""
+    esc = html.escape
+    items = "".join(
+        f"<li><code>{key}</code> ≤ {esc(str(b['value']))} ({esc(b['method'])}"
+        f"{'; ' + esc(b['note']) if b.get('note') else ''})</li>"
+        for key, b in bounds_json(result).items() if isinstance(b, dict))
+    assumptions = "".join(f"<li>{esc(a)}</li>" for a in result.bounds.as_json()["assumptions"])
+    return (f"<h2>Offline bound</h2><p>{esc(bound_line(result))} Class: "
+            f"{esc(result.bounds.as_json()['class'])}.</p><ul>{items}</ul>"
+            f"<p>Assumptions:</p><ul class=\"notes\">{assumptions}</ul>")
+
+
 def render_html(result: SimResult, info: RunInfo, images: dict[str, tuple[str, str]]) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(c)}</th>" for c in TABLE_COLUMNS)
@@ -503,6 +541,7 @@ def render_html(result: SimResult, info: RunInfo, images: dict[str, tuple[str, s
 {info.arrivals} pods ({info.multi_gpu_arrivals} multi-GPU){wall}</p>
 {f'<p class="lead">{esc(lead)}</p>' if lead else ''}
 <table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>
+{_bound_html(result)}
 {charts}
 <h2>How to read this</h2>
 <ul class="notes">

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.sim.arrivals import Arrival, timeline
+from railyard.sim.bounds import Bounds, offline_bounds
 from railyard.sim.capacity import NodeResources
 from railyard.sim.metrics import PolicyMetrics, heatmap_rows
 from railyard.sim.policies import BASELINES, Policy
@@ -81,11 +82,32 @@ class PolicyResult:
     # (cell code, GPU count of the pod holding it)
 
 
+class BoundViolation(AssertionError):
+    """A policy did better than the offline bound allows: a bug in the bound or the run."""
+
+
 @dataclass(slots=True)
 class SimResult:
     cluster_gpus: int
     nodes: list[str]  # the heatmap's sample
     results: dict[str, PolicyResult]
+    bounds: Bounds | None = None  # offline upper bounds for the same arrivals and cluster
+
+    def bound_violations(self) -> list[str]:
+        """Every policy figure above its bound (none, unless something is wrong)."""
+        if self.bounds is None:
+            return []
+        out = []
+        gpu, gdr = self.bounds.gpu_allocation_ratio, self.bounds.gdr_capable_pod_share
+        for name, r in self.results.items():
+            m = r.metrics
+            if gpu.value is not None and m.headline_allocation_ratio > gpu.value + 1e-9:
+                out.append(f"{name}: gpuAllocationRatio {m.headline_allocation_ratio} > "
+                           f"bound {gpu.value}")
+            if gdr.count is not None and m.multi_gdr > gdr.count:
+                out.append(f"{name}: {m.multi_gdr} GDR-capable multi-GPU pods > bound "
+                           f"{gdr.count}")
+        return out
 
     def metrics_json(self, with_latency: bool = True) -> dict[str, dict[str, object]]:
         return {name: r.metrics.as_json(with_latency) for name, r in self.results.items()}
@@ -98,13 +120,15 @@ Observer = Callable[[Policy, NodeResources], None]
 def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
              policies: Sequence[str], seed: int,
              progress: Callable[[str], None] | None = None,
-             observer: Observer | None = None) -> SimResult:
+             observer: Observer | None = None, bounds: bool = True) -> SimResult:
     """Place `arrivals` with each policy in turn, releasing each pod at its `depart_s`;
     `progress(policy)` is called per arrival.
 
     Each pod is offered only the nodes with room for its CPUs and memory (`NodeResources`,
     kube-scheduler's NodeResourcesFit), as the extender is; what it is placed on holds them
-    until it leaves."""
+    until it leaves. With `bounds`, the offline bounds (`railyard.sim.bounds`) are computed
+    too, and a policy above one raises BoundViolation: the bound is proved, so that is a bug
+    (which is how every run in the tests checks it)."""
     by_name = {t.node: t for t in topologies}
     cluster_gpus = sum(len(t.gpus) for t in topologies)
     if cluster_gpus == 0:
@@ -156,4 +180,10 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
             heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
         m.finish(topologies, ledgers)
         results[name] = PolicyResult(m, heat)
-    return SimResult(cluster_gpus, sample, results)
+    out = SimResult(cluster_gpus, sample, results)
+    if bounds:
+        out.bounds = offline_bounds(topologies, arrivals)
+        violations = out.bound_violations()
+        if violations:
+            raise BoundViolation("policy above the offline bound: " + "; ".join(violations))
+    return out
