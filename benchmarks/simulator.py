@@ -1,8 +1,10 @@
 """Benchmark: the simulation itself, in process, per policy (no start-up, no charts).
 
 `simulate()` for one policy at a time over the same arrivals on the default cluster
-(`dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8`), seed 0, both shipped traces; median of
-`--repeats` runs. The baselines are each other's reference: same arrivals, same cluster.
+(`dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8`), seed 0, both shipped traces, arrivals as
+`railyard simulate` makes them (openb-default replayed on its trace times, with departures);
+median of `--repeats` runs, without the offline bound (timed on its own line). The baselines
+are each other's reference: same arrivals, same cluster.
 
     python benchmarks/simulator.py
 """
@@ -16,7 +18,8 @@ import statistics
 import time
 
 from railyard.scheduler.cluster_file import cluster_from_spec
-from railyard.sim.arrivals import draw_arrivals
+from railyard.sim.arrivals import Arrival, draw_arrivals, trace_arrivals
+from railyard.sim.bounds import offline_bounds
 from railyard.sim.run import DEFAULT_POLICIES, simulate
 from railyard.sim.trace import load_trace
 
@@ -30,7 +33,11 @@ def main() -> None:
     opts = parser.parse_args()
     topologies = list(cluster_from_spec(CLUSTER))
     gpus = sum(len(t.gpus) for t in topologies)
-    arrivals = {t: draw_arrivals(load_trace(t), gpus, 0) for t in TRACES}
+    arrivals: dict[str, list[Arrival]] = {}
+    for t in TRACES:
+        trace = load_trace(t)
+        arrivals[t] = (trace_arrivals(trace, gpus, 0)[0] if trace.has_lifetimes
+                       else draw_arrivals(trace, gpus, 0))
     print(f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, Python "
           f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
     print(f"Command: python benchmarks/simulator.py --repeats {opts.repeats}\n")
@@ -42,10 +49,19 @@ def main() -> None:
             times = []
             for _ in range(opts.repeats):
                 start = time.perf_counter()
-                simulate(topologies, arrivals[trace], [policy], 0)
+                simulate(topologies, arrivals[trace], [policy], 0, bounds=False)
                 times.append((time.perf_counter() - start) * 1000)
             cells.append(f"{statistics.median(times):.0f} ms")
         print(f"| {policy} | " + " | ".join(cells) + " |")
+    cells = []
+    for trace in TRACES:
+        times = []
+        for _ in range(opts.repeats):
+            start = time.perf_counter()
+            offline_bounds(topologies, arrivals[trace])
+            times.append((time.perf_counter() - start) * 1000)
+        cells.append(f"{statistics.median(times):.0f} ms")
+    print("| offline bound (bounds.json) | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
