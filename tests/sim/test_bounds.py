@@ -115,3 +115,19 @@ def test_a_bound_too_costly_to_compute_is_null_and_says_so(tmp_path, monkeypatch
         assert bounds[key]["value"] is None and bounds[key]["method"] == "none"
         assert "not computed" in bounds[key]["note"]
     assert "GPU allocation not computed" in " ".join(result.output.split())
+
+
+def test_a_policy_at_its_bound_is_no_violation_after_rounding():
+    """metrics.json rounds ratios to 6 places: 447/448 rounds up past the exact bound."""
+    from railyard.sim.bounds import Bound, Bounds
+    from railyard.sim.metrics import PolicyMetrics
+    from railyard.sim.run import PolicyResult, SimResult
+
+    m = PolicyMetrics("p", 448)
+    m.snapshots["atFullLoad"] = {"gpuAllocationRatio": round(447 / 448, 6)}
+    result = SimResult(448, [], {"p": PolicyResult(m, [])},
+                       Bounds(Bound(447 / 448, 447, "milp"), Bound(0.0, 0, "none")))
+    assert round(447 / 448, 6) > 447 / 448
+    assert result.bound_violations() == []
+    m.snapshots["atFullLoad"] = {"gpuAllocationRatio": round(448 / 448, 6)}
+    assert result.bound_violations() == ["p: gpuAllocationRatio 1.0 > bound 0.9977678571428571"]

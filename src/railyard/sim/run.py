@@ -101,7 +101,9 @@ class SimResult:
         gpu, gdr = self.bounds.gpu_allocation_ratio, self.bounds.gdr_capable_pod_share
         for name, r in self.results.items():
             m = r.metrics
-            if gpu.value is not None and m.headline_allocation_ratio > gpu.value + 1e-9:
+            # Both as metrics.json and bounds.json round them (monotone: a ≤ b stays ≤).
+            if (gpu.value is not None
+                    and round(m.headline_allocation_ratio, 6) > round(gpu.value, 6)):
                 out.append(f"{name}: gpuAllocationRatio {m.headline_allocation_ratio} > "
                            f"bound {gpu.value}")
             if gdr.count is not None and m.multi_gdr > gdr.count:

@@ -91,11 +91,6 @@ class Trace:
     def gpu_pods(self) -> tuple[TracePod, ...]:
         return tuple(p for p in self.pods if p.gpus > 0)
 
-    @property
-    def device_pods(self) -> tuple[TracePod, ...]:
-        """The pods the simulator places: those asking for a GPU or an RDMA NIC share."""
-        return tuple(p for p in self.pods if p.wants_devices)
-
 
 def load_trace(name_or_path: str) -> Trace:
     """A built-in trace by name (`openb-default`, `openb-multigpu20`) or a CSV file."""
