@@ -100,7 +100,7 @@ async def rig(tmp: Path, tree: Path, pods: list[dict] | None = None,
     agent = Agent(AgentOptions(node_name=NODE, sysfs_root=str(tree),
                                kubelet_dir=str(kubelet_dir),
                                state_dir=str(state_dir or tmp / "state")),
-                  PodsFile(pods_file), cfg)
+                  PodsFile(pods_file, cfg.resources), cfg)
     await agent.start()
     if start_kubelet and not agent.paths.watcher_mode:
         for ep in agent.endpoints.values():  # kubelet knows every plugin before the test

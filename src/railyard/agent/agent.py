@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from railyard.agent.config import AgentConfig
+from railyard.agent.config import AgentConfig, ConfigError
 from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.events import NORMAL, WARNING, EventSender, event_body, event_time
 from railyard.kube.nodetopology import path_of, publish
@@ -39,7 +39,13 @@ from railyard.kubelet.health_events import (
     healthy_message,
     unhealthy_message,
 )
-from railyard.kubelet.inventory import PluginDevice, SysfsProbe, offered_devices
+from railyard.kubelet.inventory import (
+    PluginDevice,
+    PoolOverlap,
+    SysfsProbe,
+    assign_pools,
+    offered_devices,
+)
 from railyard.kubelet.pairmap import PAIRS_FILE
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
@@ -47,6 +53,7 @@ from railyard.kubelet.pods import PodSource, PodView
 from railyard.kubelet.report import node_status
 from railyard.kubelet.resolver import Kind
 from railyard.kubelet.response import ContainerGrant, Mount, devinfo_file_name
+from railyard.kubelet.selectors import DeviceFacts
 from railyard.kubelet.watch import FolderWatch
 from railyard.kubelet.writeback import AllocationWriteBack
 from railyard.node.attachments import attached_pods
@@ -148,13 +155,25 @@ class Agent:
             self._topology = found.topology
         return replace(self._topology, node=self.options.node_name)
 
-    def _inventory(self) -> dict[Kind, tuple[PluginDevice, ...]]:
+    def _pooled(self, topology: NodeTopology, facts: dict[str, DeviceFacts]) -> NodeTopology:
+        """Each VF's pool from `vfPools` (docs/decisions/0085); a VF two pools match stops
+        the start with a config error naming both."""
+        cfg = self.config
+        if not cfg.vf_pools:
+            return topology
+        try:
+            return assign_pools(topology, [(p.resource, p.selectors) for p in cfg.vf_pools],
+                                cfg.resources.vf, facts)
+        except PoolOverlap as e:
+            raise ConfigError("vfPools", str(e)) from None
+
+    def _inventory(self, facts: dict[str, DeviceFacts]) -> dict[Kind, tuple[PluginDevice, ...]]:
         cfg = self.config
         routed = self.probe.routed_netdevs()
-        facts = self.probe.facts(self.topology)
-        wanted: list[tuple[Kind, bool, tuple]] = [
-            ("gpu", cfg.gpu_plugin, ()), ("vf", cfg.vf_plugin, cfg.vf_pool),
-            ("pf", cfg.pf_plugin, cfg.pf_pool)]
+        wanted: list[tuple[Kind, bool, tuple]] = [("gpu", cfg.gpu_plugin, ())]
+        wanted += [("vf" if p.resource == cfg.resources.vf else p.resource, cfg.vf_plugin,
+                    p.selectors) for p in cfg.pools]
+        wanted.append(("pf", cfg.pf_plugin, cfg.pf_pool))
         return {kind: offered_devices(self.topology, kind, pool=pool, facts=facts, routed=routed)
                 for kind, on, pool in wanted if on}
 
@@ -163,18 +182,19 @@ class Agent:
             await self._api_pods.start()
         self._topology = self._discover()
         names = self.config.resources
-        for kind, devices in self._inventory().items():
+        facts = self.probe.facts(self._topology)
+        self._topology = self._pooled(self._topology, facts)
+        for kind, devices in self._inventory(facts).items():
             self.lists[kind] = DeviceList(devices)
         self.admission = Admission(self.topology, self.store, self.pods, names,
                                    offered=self._healthy_offered,
                                    on_allocated=self._after_allocate,
                                    served=tuple(self.lists), pair_map=self.config.pair_map)
         await self._scan_health()
-        resource = {"gpu": names.gpu, "vf": names.vf, "pf": names.pf}
         for kind, listed in self.lists.items():
-            self.endpoints[kind] = PluginEndpoint(resource[kind], listed, self.admission,
-                                                  self.paths)
-            log.info("%s: %d devices offered", resource[kind], len(listed.devices))
+            resource = self.admission.resource_of(kind)
+            self.endpoints[kind] = PluginEndpoint(resource, listed, self.admission, self.paths)
+            log.info("%s: %d devices offered", resource, len(listed.devices))
         watched = {ep.folder for ep in self.endpoints.values()}
         if not self.paths.watcher_mode:
             watched.add(self.paths.device_plugins)
@@ -457,7 +477,7 @@ class Agent:
             for n in r.allocation.all_nics:
                 if n.pci_address in kept:
                     continue
-                resource = names.vf if n.kind == "vf" else names.pf
+                resource = names.resource_of_pool(n.pool) if n.kind == "vf" else names.pf
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(self.config.devinfo_dir,
                                            devinfo_file_name(resource, n.pci_address)))

@@ -11,6 +11,9 @@ Example (JSON or YAML):
     pools:
       vf: [{vendors: ["15b3"], drivers: ["mlx5_core"], pfNames: ["ibp24s0#0-3", "ibp64s0"]}]
       pf: [{linkTypes: ["infiniband"]}]
+    # Several VF pools instead of `pools.vf`, in sriov-network-device-plugin's resourceList
+    # form (its config.json pastes in as is); a pool without resourcePrefix is railyard.dev's.
+    vfPools: {resourceList: [{resourceName: vf-rail, selectors: {pfNames: ["ibp24s0"]}}]}
     devinfoDir: /var/run/k8s.cni.cncf.io/devinfo/dp
     cniDevinfoDir: /var/run/k8s.cni.cncf.io/devinfo/cni   # the in-process CNI service's
     healthIntervalS: 1
@@ -40,19 +43,44 @@ class ConfigError(FieldError):
     """A config file that cannot be used: `path` names the field, `document` the file."""
 
 
+# A pool's resource name without `resourcePrefix`: Railyard's, not sriov-dp's `intel.com`,
+# so `resourceName: vf` is the default pool `railyard.dev/vf` (docs/decisions/0085).
+POOL_PREFIX = "railyard.dev"
+# sriov-dp selector fields Railyard applies; the others are refused by name, never ignored.
+SELECTOR_FIELDS = ("vendors", "devices", "drivers", "pfNames", "linkTypes")
+_RESOURCE_LIST_SELECTOR_FIELDS = (*SELECTOR_FIELDS, "isRdma")
+
+
+@dataclass(frozen=True, slots=True)
+class VfPool:
+    """One VF pool: its resource name (the kubelet resource its plugin serves) and the
+    selectors of the VFs in it (none: every RDMA VF)."""
+
+    resource: str
+    selectors: tuple[Selector, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     resources: ResourceNames = DEFAULT_RESOURCES
     gpu_plugin: bool = True
     vf_plugin: bool = True
     pf_plugin: bool = True
-    vf_pool: tuple[Selector, ...] = ()
+    vf_pool: tuple[Selector, ...] = ()  # the default pool's selectors (`pools.vf`)
     pf_pool: tuple[Selector, ...] = ()
+    # `vfPools`: every VF pool, each its own plugin; empty: the default pool alone, with
+    # `vf_pool` (a config gives one or the other).
+    vf_pools: tuple[VfPool, ...] = ()
     devinfo_dir: str = DEVINFO_DIR
     cni_devinfo_dir: str = CNI_DEVINFO_DIR  # where --cni-socket's service writes them
     health_interval_s: float = 1.0
     verify_delay_s: float = 1.0  # PodResources check after an Allocate
     pair_map: PairMapOptions = DEFAULT_PAIR_MAP  # the opt-in forms of the pair map
+
+    @property
+    def pools(self) -> tuple[VfPool, ...]:
+        """The VF pools the agent serves (the default pool alone without `vfPools`)."""
+        return self.vf_pools or (VfPool(self.resources.vf, self.vf_pool),)
 
 
 # ----------------------------------------------------------------------- parsing
@@ -89,9 +117,19 @@ def _pf_name(text: str, where: str) -> PfName:
     return PfName(name, first, last)
 
 
-def parse_selector(v: Any, where: str) -> Selector:
+def parse_selector(v: Any, where: str, *, resource_list: bool = False) -> Selector:
     f = Fields(v, where, ConfigError)
-    f.only(("vendors", "devices", "drivers", "pfNames", "linkTypes"), "selector")
+    if resource_list:
+        unsupported = sorted(k for k in f.d if k not in _RESOURCE_LIST_SELECTOR_FIELDS)
+        if unsupported:
+            f.fail(str(unsupported[0]), "a sriov-network-device-plugin selector Railyard does "
+                                        f"not support (it applies {', '.join(SELECTOR_FIELDS)}"
+                                        " and isRdma: true)")
+        if "isRdma" in f and f.get("isRdma") is not True:
+            f.fail("isRdma", f"Railyard offers RDMA VFs only: expected true, got "
+                             f"{f.get('isRdma')!r}")
+    else:
+        f.only(SELECTOR_FIELDS, "selector")
     links = set()
     for i, t in enumerate(f.strings("linkTypes", optional=True)):
         if t.lower() not in _LINK_TYPES:
@@ -148,8 +186,8 @@ def config_from_dict(d: Any) -> AgentConfig:
     if d is None:
         return AgentConfig()
     f = Fields(d, "", ConfigError)
-    f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "devinfoDir",
-            "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap"))
+    f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "vfPools",
+            "devinfoDir", "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap"))
     res = f.object("resources", optional=True)
     res.only(("gpu", "vf", "pf"))
     names = {}
@@ -168,6 +206,17 @@ def config_from_dict(d: Any) -> AgentConfig:
     def pool(kind: str) -> tuple[Selector, ...]:
         return tuple(parse_selector(s, at) for s, at in pools.items(kind, optional=True))
 
+    vf_pools: tuple[VfPool, ...] = ()
+    if "vfPools" in f and f.get("vfPools") is not None:
+        if "vf" in pools:
+            f.fail("vfPools", "give VF selectors once: in vfPools or in pools.vf, not both")
+        vf_pools = _vf_pools(f, resources)
+        others = tuple(sorted(p.resource for p in vf_pools if p.resource != resources.vf))
+        if {resources.gpu, resources.pf} & set(others):
+            f.fail("vfPools", "a VF pool's resource name must differ from the GPU and PF "
+                              "resource names")
+        resources = ResourceNames(resources.gpu, resources.vf, resources.pf, others)
+
     return AgentConfig(
         resources=resources,
         gpu_plugin=f.boolean("gpuPlugin", True),
@@ -175,6 +224,7 @@ def config_from_dict(d: Any) -> AgentConfig:
         pf_plugin=f.boolean("pfPlugin", True),
         vf_pool=pool("vf"),
         pf_pool=pool("pf"),
+        vf_pools=vf_pools,
         devinfo_dir=f.string("devinfoDir", nonempty=True, default=DEVINFO_DIR,
                              what="a folder path"),
         cni_devinfo_dir=f.string("cniDevinfoDir", nonempty=True, default=CNI_DEVINFO_DIR,
@@ -183,6 +233,60 @@ def config_from_dict(d: Any) -> AgentConfig:
         verify_delay_s=_seconds(f, "verifyDelayS", 1.0),
         pair_map=_pair_map(f.object("pairMap", optional=True)),
     )
+
+
+# sriov-dp resourceList entry keys Railyard reads; `deviceType` and `excludeTopology` only in
+# the values that mean what Railyard does (a netdevice VF, placed by topology).
+_POOL_KEYS = ("resourceName", "resourcePrefix", "deviceType", "excludeTopology", "selectors")
+
+
+def _vf_pools(f: Fields, resources: ResourceNames) -> tuple[VfPool, ...]:
+    """`vfPools`: sriov-network-device-plugin's config (`{"resourceList": [...]}`) or its
+    list alone. Every pool is named once; a key or selector field Railyard does not apply
+    is an error naming it, never ignored."""
+    raw = f.get("vfPools")
+    if isinstance(raw, dict):
+        doc = f.object("vfPools")
+        doc.only(("resourceList",), "key of the sriov-network-device-plugin config")
+        entries = list(doc.items("resourceList"))
+    else:
+        entries = list(f.items("vfPools"))
+    if not entries:
+        f.fail("vfPools", "expected at least one pool")
+    out: list[VfPool] = []
+    seen: dict[str, str] = {}
+    for v, at in entries:
+        e = Fields(v, at, ConfigError)
+        unknown = sorted(k for k in e.d if k not in _POOL_KEYS)
+        if unknown:
+            e.fail(str(unknown[0]), "a sriov-network-device-plugin pool key Railyard does not "
+                                    f"support (it reads {', '.join(_POOL_KEYS)})")
+        name = e.string("resourceName", nonempty=True, what="a resource name")
+        prefix = e.string("resourcePrefix", nonempty=True, default=POOL_PREFIX,
+                          what="a resource prefix")
+        resource = f"{prefix}/{name}"
+        why = extended_resource_problem(resource)
+        if why is not None:
+            e.fail("resourceName", f"{resource!r} is not an extended resource name kubelet "
+                                   f"accepts: {why}")
+        if "deviceType" in e and e.get("deviceType") != "netDevice":
+            e.fail("deviceType", f"Railyard pools netdevice VFs: expected netDevice, got "
+                                 f"{e.get('deviceType')!r}")
+        if e.boolean("excludeTopology", False):
+            e.fail("excludeTopology", "Railyard always places by topology: expected false")
+        if resource in seen:
+            e.fail("resourceName", f"{resource} is also the pool of {seen[resource]}")
+        seen[resource] = at
+        sel = e.get("selectors")
+        if sel is None:
+            selectors: tuple[Selector, ...] = ()
+        elif isinstance(sel, list):  # sriov-dp's newer form: a list of selector objects
+            selectors = tuple(parse_selector(s, a, resource_list=True)
+                              for s, a in e.items("selectors"))
+        else:
+            selectors = (parse_selector(sel, e.at("selectors"), resource_list=True),)
+        out.append(VfPool(resource, selectors))
+    return tuple(out)
 
 
 # What the kernel takes as an interface name (dev_valid_name), leaving room for the `-<i>`

@@ -30,10 +30,9 @@ from datetime import UTC, datetime
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.names import ResourceNames
-from railyard.allocation.request import Request
+from railyard.allocation.request import Request, RequestError, pair_pool_of
 from railyard.allocation.types import Allocation, GpuRef, NicRef
 from railyard.kubelet.decision import (
-    KINDS,
     AllocateDecision,
     NodeDevices,
     decide_allocate,
@@ -58,6 +57,7 @@ from railyard.kubelet.resolver import (
     expected_ids,
     ids_of,
     kind_of,
+    kind_of_nic,
     match_allocate,
 )
 from railyard.kubelet.response import (
@@ -90,7 +90,7 @@ class Admission:
                  allocator: Allocator | None = None,
                  clock: Callable[[], str] = utc_now,
                  on_allocated: AfterAllocate | None = None,
-                 served: Iterable[Kind] = KINDS,
+                 served: Iterable[Kind] | None = None,
                  pair_map: PairMapOptions = DEFAULT_PAIR_MAP) -> None:
         self.topology = topology
         self.node = topology.node
@@ -105,8 +105,10 @@ class Admission:
         self.pair_map = pair_map
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
-        self.served = frozenset(served)
+        self.devices = NodeDevices(topology, self.index, names, frozenset())
+        self.served = frozenset(served if served is not None else self.devices.kinds)
         self.devices = NodeDevices(topology, self.index, names, self.served)
+        self.kinds = self.devices.kinds  # GPUs, every VF pool, PFs
         # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
         self._hint: dict[str, tuple[str, str, frozenset[str]]] = {}
         # One decision at a time: `preferred` runs in a worker thread, `allocate` and `check`
@@ -123,7 +125,7 @@ class Admission:
             return self._offered(kind)
         if kind == "gpu":
             return frozenset(g.device_id for g in self.topology.gpus)
-        return frozenset(i for i, n in self.index.nics.items() if n.kind == kind)
+        return frozenset(i for i, n in self.index.nics.items() if kind_of_nic(n) == kind)
 
     def _records(self) -> dict[str, PodRecord]:
         return {r.uid: r for r in self.store.all()}
@@ -208,9 +210,18 @@ class Admission:
         pod's own hints, CPUs and memory when its request parses."""
         gpus, vfs = pod.total(self.names.gpu), pod.total(self.names.vf)
         pfs = pod.total(self.names.pf)
+        pool_vfs = tuple((p, n) for p in sorted(self.names.vf_pools) if (n := pod.total(p)))
+        hint = pod.request.pair_pool if pod.request is not None else None
+        if hint is not None and hint not in dict(pool_vfs):
+            hint = None
+        try:
+            pair_pool = pair_pool_of(vfs, pool_vfs, hint, self.names)
+        except RequestError:  # several other pools and no hint: the first pairs
+            pair_pool = pool_vfs[0][0]
         if pod.request is not None:
-            return replace(pod.request, gpus=gpus, vfs=vfs, pfs=pfs)
-        return Request(gpus=gpus, vfs=vfs, pfs=pfs)
+            return replace(pod.request, gpus=gpus, vfs=vfs, pfs=pfs, pool_vfs=pool_vfs,
+                           pair_pool=pair_pool)
+        return Request(gpus=gpus, vfs=vfs, pfs=pfs, pool_vfs=pool_vfs, pair_pool=pair_pool)
 
     def _plan(self, c: Candidate, records: Mapping[str, PodRecord], kind: Kind,
               available: Sequence[str]) -> Allocation:
@@ -219,7 +230,7 @@ class Admission:
         pod = c.pod
         request = self._request(pod)
         ledger = self._ledger(records, exclude=pod.uid)
-        free = {k: self.offered(k) - self._used(ledger, k) for k in KINDS}
+        free = {k: self.offered(k) - self._used(ledger, k) for k in self.kinds}
         free[kind] &= frozenset(available)
         alloc = self._allocator_plan(ledger, request, free)
         if alloc is None:
@@ -231,7 +242,7 @@ class Admission:
                     f"has a recorded allocation it cannot use: {why}" if why else
                     "has no recorded allocation (it bypassed the scheduler)",
                     [(p.gpu.device_id, p.nic.pci_address) for p in alloc.pairs] or
-                    [*ids_of(alloc, "gpu"), *ids_of(alloc, "vf"), *ids_of(alloc, "pf")])
+                    [*ids_of(alloc, "gpu"), *(n.pci_address for n in alloc.all_nics)])
         return alloc
 
     def unusable(self, alloc: Allocation) -> str | None:
@@ -256,12 +267,19 @@ class Admission:
                 return (f"{where}: {n.pci_address} is a {have_nic.kind.upper()} of PF "
                         f"{have_nic.pf_pci_address} on {self.node}, not a {n.kind.upper()} "
                         f"of {n.pf_pci_address}")
+            if have_nic.pool != n.pool:  # its pool's plugin hands it out, no other
+                return (f"{where}: VF {n.pci_address} is in pool "
+                        f"{self.names.resource_of_pool(have_nic.pool)} on {self.node}, not "
+                        f"{self.names.resource_of_pool(n.pool)}")
         return None
 
     def _used(self, ledger: Ledger, kind: Kind) -> frozenset[str]:
         if kind == "gpu":
             return frozenset(self.topology.gpu(a).device_id for a in ledger.used_gpus)
-        return frozenset(ledger.used_vfs if kind == "vf" else ledger.used_pfs)
+        if kind == "pf":
+            return frozenset(ledger.used_pfs)
+        return frozenset(v for v in ledger.used_vfs
+                         if v in self.index.nics and kind_of_nic(self.index.nics[v]) == kind)
 
     def _allocator_plan(self, ledger: Ledger, request: Request,
                         free: Mapping[Kind, frozenset[str]]) -> Allocation | None:
@@ -272,12 +290,12 @@ class Admission:
         gpus = [GpuRef.of(g) for g in self.topology.gpus
                 if g.device_id not in free["gpu"] and g.pci_address not in ledger.used_gpus]
         held_pfs = {i for i, n in self.index.nics.items()
-                    if n.kind == "pf" and request.vfs == 0 and i not in free["pf"]
+                    if n.kind == "pf" and request.all_vfs == 0 and i not in free["pf"]
                     and i not in ledger.used_pfs and not ledger.vfs_used_on(i)}
 
         def held(i: str, n: NicRef) -> bool:
             if n.kind == "vf":
-                return (i not in free["vf"] and i not in ledger.used_vfs
+                return (i not in free.get(kind_of_nic(n), ()) and i not in ledger.used_vfs
                         and n.pf_pci_address not in ledger.used_pfs
                         and n.pf_pci_address not in held_pfs)
             return i in held_pfs
@@ -298,7 +316,7 @@ class Admission:
         if not isinstance(result, Allocation):
             log.info("allocator: %s; using the greedy node plan", getattr(result, "reason", ""))
             return None
-        if any(not set(ids_of(result, k)) <= free[k] for k in KINDS):
+        if any(not set(ids_of(result, k)) <= free[k] for k in self.kinds):
             return None  # it chose something kubelet will not give: do not steer there
         return result
 
@@ -306,12 +324,19 @@ class Admission:
         topo = self.topology
         idx = self.index
         gpus = choose_local(topo, "gpu", sorted(free["gpu"]), (), request.gpus, index=idx)
-        vfs = choose_local(topo, "vf", sorted(free["vf"]), (), request.vfs, partners=gpus,
-                           index=idx)
-        pfs = choose_local(topo, "pf", sorted(free["pf"]), (), request.pfs,
-                           partners=gpus[len(vfs):], index=idx)
-        return reconcile(topo, None, {"gpu": gpus, "vf": vfs, "pf": pfs},
-                         decided_at=self.clock(), index=idx)
+        chosen: dict[Kind, list[str]] = {"gpu": gpus}
+        paired = "vf" if request.pair_pool is None else request.pair_pool
+        vfs = choose_local(topo, paired, sorted(free.get(paired, ())), (), request.paired_vfs,
+                           partners=gpus, index=idx)
+        chosen[paired] = vfs
+        for pool, n in request.vf_counts:  # the other pools' VFs pair with nothing
+            kind = "vf" if pool is None else pool
+            if kind != paired:
+                chosen[kind] = choose_local(topo, kind, sorted(free.get(kind, ())), (), n,
+                                            index=idx)
+        chosen["pf"] = choose_local(topo, "pf", sorted(free["pf"]), (), request.pfs,
+                                    partners=gpus[len(vfs):], index=idx)
+        return reconcile(topo, None, chosen, decided_at=self.clock(), index=idx)
 
     # ------------------------------------------------------------------ allocate
 
@@ -365,7 +390,7 @@ class Admission:
             grant.envs.pop("NCCL_IB_HCA", None)
         if d.last:
             # The pair map in every form, once kubelet has given the container everything.
-            nics = [*d.container_ids["vf"], *d.container_ids["pf"]]
+            nics = [i for k in self.devices.nic_kinds for i in d.container_ids[k]]
             grant.envs[PAIRS_ENV] = pairs_json(alloc, gpus=d.container_ids["gpu"], nics=nics)
             recorded = {n.pci_address: n for n in alloc.all_nics}
             held = container_pairs(alloc, d.container_ids["gpu"], nics,
@@ -454,7 +479,7 @@ class Admission:
             base = None
         actual: dict[Kind, list[str]] = {}
         unknown: set[str] = set()  # resources whose IDs this node cannot interpret
-        for k in KINDS:
+        for k in self.kinds:
             r = self.resource_of(k)
             if not a.has(r):
                 continue
@@ -499,7 +524,4 @@ class Admission:
 
     def _known(self, kind: Kind, device_id: str) -> bool:
         """Whether `device_id` names a device of this node of this kind."""
-        if kind == "gpu":
-            return device_id in self.index.gpus
-        nic = self.index.nics.get(device_id)
-        return nic is not None and nic.kind == kind
+        return self.index.is_kind(device_id, kind)

@@ -16,11 +16,11 @@ from railyard.allocation.names import ResourceNames
 from railyard.allocation.types import Allocation
 from railyard.kubelet.pairing import DeviceIndex, pair_container, reconcile
 from railyard.kubelet.pods import PodView
-from railyard.kubelet.resolver import Kind, ids_of, kind_of
+from railyard.kubelet.resolver import Kind, ids_of, kind_of, kinds_of
 from railyard.node.state import Consumed
 from railyard.topology.model import NodeTopology
 
-KINDS: tuple[Kind, ...] = ("gpu", "vf", "pf")
+KINDS: tuple[Kind, ...] = ("gpu", "vf", "pf")  # without VF pools; `NodeDevices.kinds` has all
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +33,18 @@ class NodeDevices:
     names: ResourceNames
     served: frozenset[Kind]
 
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        return kinds_of(self.names)
+
+    @property
+    def nic_kinds(self) -> tuple[Kind, ...]:
+        return tuple(k for k in self.kinds if k != "gpu")
+
     def resource_of(self, kind: Kind) -> str:
-        return {"gpu": self.names.gpu, "vf": self.names.vf, "pf": self.names.pf}[kind]
+        if kind in ("gpu", "vf", "pf"):
+            return {"gpu": self.names.gpu, "vf": self.names.vf, "pf": self.names.pf}[kind]
+        return kind  # another VF pool: its kind is its resource name
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +56,9 @@ class AllocateDecision:
     # The container's IDs per kind once this call is noted; complete only when `last`.
     container_ids: Mapping[Kind, tuple[str, ...]]
     last: bool  # kubelet is done with the container: every resource of ours is allocated
-    spans_nic_kinds: bool  # the container holds VFs and PFs, both from this agent's plugins
+    # The container holds NICs of several of this agent's plugins (VFs and PFs, or VFs of
+    # two pools): a variable they would each set comes from the last one only.
+    spans_nic_kinds: bool
     warnings: tuple[str, ...] = ()  # where the node departed from the record, for the log
 
 
@@ -72,7 +84,7 @@ def decide_allocate(pod: PodView, container: str, expected: Sequence[str],
     warnings: list[str] = []
     actual = {k: pod_ids(pod, notes, container, expected, k, base,
                          ids if k == kind else (), node)
-              for k in KINDS}
+              for k in node.kinds}
     alloc = base
     if not all(set(ids_of(base, k)) == set(v) for k, v in actual.items()):
         alloc = reconcile(node.topology, base, actual, decided_at=decided_at, index=node.index)
@@ -85,7 +97,7 @@ def decide_allocate(pod: PodView, container: str, expected: Sequence[str],
     # every resource it asks for has been allocated.
     mine = {k: [i for cn in notes if cn.container == container
                 and cn.resource == node.resource_of(k) for i in cn.device_ids]
-            for k in KINDS}
+            for k in node.kinds}
     mine[kind] = list(ids)  # replaces an earlier note of this resource, as the store does
     noted = {cn.resource for cn in notes if cn.container == container} | {resource}
     ours = [r for r, _ in view.devices if kind_of(node.names, r) in node.served]
@@ -93,21 +105,24 @@ def decide_allocate(pod: PodView, container: str, expected: Sequence[str],
     if last:
         # Devices of a kind another plugin serves are never seen here: the record's
         # partners of this container's devices stand for them.
+        all_nics = [i for k in node.nic_kinds for i in mine[k]]
         if "gpu" not in node.served:
-            mine["gpu"] = partners(alloc, "vf", mine["vf"] + mine["pf"])
-        for k in ("vf", "pf"):
+            mine["gpu"] = partners(alloc, "vf", all_nics)
+        for k in node.nic_kinds:
             if k not in node.served and view.count(node.resource_of(k)):
                 mine[k] = [p.nic.pci_address for p in alloc.pairs
-                           if p.gpu.device_id in mine["gpu"] and p.nic.kind == k]
-        repaired = pair_container(node.topology, alloc, mine["gpu"], mine["vf"] + mine["pf"],
+                           if p.gpu.device_id in mine["gpu"]
+                           and p.nic.pci_address in ids_of(alloc, k)]
+        all_nics = [i for k in node.nic_kinds for i in mine[k]]
+        repaired = pair_container(node.topology, alloc, mine["gpu"], all_nics,
                                   decided_at=decided_at, index=node.index)
         if repaired is not None:
             warnings.append(f"{pod}: {container} was given devices the record pairs with "
                             "another container's; pairing them within the container "
                             "(decidedBy: node)")
             alloc = repaired
-    spans = bool(view.count(node.names.vf) and view.count(node.names.pf)
-                 and {"vf", "pf"} <= node.served)
+    spans = sum(1 for k in node.nic_kinds
+                if k in node.served and view.count(node.resource_of(k))) > 1
     return AllocateDecision(
         allocation=alloc, consumed=Consumed(container, resource, tuple(ids)),
         container_ids={k: tuple(v) for k, v in mine.items()}, last=last,

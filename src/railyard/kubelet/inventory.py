@@ -8,11 +8,11 @@ reader behind it (facts, routes) and behind health: a short re-scan of a few fil
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from railyard.discovery.sysfs import parse_default_route_ifaces, parse_port_state
-from railyard.kubelet.resolver import Kind
+from railyard.kubelet.resolver import Kind, pool_of
 from railyard.kubelet.selectors import DeviceFacts, Selector, offered
 from railyard.topology.model import Nic, NodeTopology
 
@@ -42,7 +42,8 @@ def offered_devices(topology: NodeTopology, kind: Kind, *, pool: tuple[Selector,
     """The devices one plugin advertises.
 
     Never a PF or VF whose netdev carries the default route (the node would lose its
-    network), never a VF bound to vfio-pci as an RDMA VF.
+    network), never a VF bound to vfio-pci as an RDMA VF. A VF plugin (`kind` "vf" or
+    another pool's resource name) offers only the VFs of its own pool (`Vf.pool`).
     """
     facts = facts or {}
     if kind == "gpu":
@@ -59,12 +60,51 @@ def offered_devices(topology: NodeTopology, kind: Kind, *, pool: tuple[Selector,
         for vf in nic.vfs:
             # vfio-pci is checked by name too: a stale RDMA name must not make it an RDMA VF.
             if (not vf.is_rdma or vf.driver == "vfio-pci"
-                    or (vf.netdev and vf.netdev in routed)):
+                    or (vf.netdev and vf.netdev in routed) or vf.pool != pool_of(kind)):
                 continue
             if offered(pool, _facts(nic, vf.pci_address, vf.vf_index, vf.driver, facts)):
-                out.append(PluginDevice(vf.pci_address, "vf", vf.pci_address, nic.numa_node,
+                out.append(PluginDevice(vf.pci_address, kind, vf.pci_address, nic.numa_node,
                                         nic.pci_address))
     return tuple(out)
+
+
+class PoolOverlap(ValueError):
+    """A VF matched by the selectors of two pools: a VF is in one pool at most."""
+
+    def __init__(self, vf: str, first: str, first_rule: int, second: str,
+                 second_rule: int) -> None:
+        super().__init__(f"VF {vf} is in two pools: selector {first_rule} of {first} and "
+                         f"selector {second_rule} of {second} both match it (a VF may be "
+                         "in one pool only)")
+        self.vf, self.pools = vf, (first, second)
+
+
+def assign_pools(topology: NodeTopology, pools: Sequence[tuple[str, tuple[Selector, ...]]],
+                 default: str, facts: Mapping[str, DeviceFacts] | None = None) -> NodeTopology:
+    """The topology with each VF's pool set from the pools' selectors: (resource name,
+    selectors) in config order; `Vf.pool` is None for `default` (the default pool's name).
+    Raises PoolOverlap naming both pools and their matching selectors (by index) for an
+    RDMA VF two pools match. A VF no pool matches keeps None: the default pool's plugin does
+    not offer it either, as its selectors do not match it (`offered_devices`)."""
+    facts = facts or {}
+    nics = []
+    for nic in topology.nics:
+        vfs = []
+        for vf in nic.vfs:
+            f = _facts(nic, vf.pci_address, vf.vf_index, vf.driver, facts)
+            first: dict[str, int] = {}  # pool -> its first matching selector
+            for name, selectors in pools:
+                for i, sel in enumerate(selectors or (Selector(),)):
+                    if name not in first and sel.matches(f):
+                        first[name] = i
+            if len(first) > 1 and vf.is_rdma:
+                (a, ai), (b, bi) = list(first.items())[:2]
+                raise PoolOverlap(vf.pci_address, a, ai, b, bi)
+            name = next(iter(first), default)
+            pool = None if name == default else name
+            vfs.append(vf if vf.pool == pool else replace(vf, pool=pool))
+        nics.append(replace(nic, vfs=tuple(vfs)))
+    return replace(topology, nics=tuple(nics))
 
 
 class SysfsProbe:

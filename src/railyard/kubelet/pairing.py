@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
-from railyard.kubelet.resolver import Kind, ids_of
+from railyard.kubelet.resolver import Kind, ids_of, kind_of_nic
 from railyard.topology.model import Distance, Gpu, NodeTopology
 
 
@@ -41,9 +41,16 @@ class DeviceIndex:
 
     def nic_ref(self, device_id: str, kind: Kind) -> NicRef:
         ref = self.nics[device_id]
-        if ref.kind != kind:
+        if kind_of_nic(ref) != kind:
             raise KeyError(device_id)
         return ref
+
+    def is_kind(self, device_id: str, kind: Kind) -> bool:
+        """Whether `device_id` is a device of this node served by `kind`'s plugin."""
+        if kind == "gpu":
+            return device_id in self.gpus
+        ref = self.nics.get(device_id)
+        return ref is not None and kind_of_nic(ref) == kind
 
     def distance(self, gpu: GpuRef, nic: NicRef) -> Distance:
         return self.topology.distance[gpu.pci_address][nic.pf_pci_address]
@@ -65,15 +72,23 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
     `index` saves rebuilding the ID index of a big node on every call.
     """
     idx = index or DeviceIndex(topology)
-    base_ids = {k: ids_of(base, k) if base else () for k in ("gpu", "vf", "pf")}
+    # GPUs, every VF pool (the default first) the record or kubelet names, then PFs.
+    pools = sorted({kind_of_nic(n) for n in (base.all_nics if base else ())}
+                   | {k for k in actual if k not in ("gpu", "vf", "pf")})
+    kinds = ("gpu", "vf", *(k for k in pools if k not in ("vf", "pf")), "pf")
+    base_ids = {k: ids_of(base, k) if base else () for k in kinds}
     ids = {k: _ordered(actual[k], base_ids[k]) if k in actual else list(base_ids[k])
-           for k in ("gpu", "vf", "pf")}
+           for k in kinds}
     gpus = [idx.gpu_ref(i) for i in ids["gpu"]]
-    nics = [idx.nic_ref(i, "vf") for i in ids["vf"]] + [idx.nic_ref(i, "pf") for i in ids["pf"]]
+    nics = [idx.nic_ref(i, k) for k in kinds[1:] for i in ids[k]]
     if base is not None:  # base order: paired NICs first, in pair order
         order = [n.pci_address for n in base.all_nics]
         nics.sort(key=lambda n: order.index(n.pci_address) if n.pci_address in order
                   else len(order))
+    # Only the paired pool's VFs (and PFs) pair; other pools' VFs stay unpaired NICs.
+    paired_kind = _paired_kind(base, nics)
+    lone_nics = [n for n in nics if n.kind == "vf" and kind_of_nic(n) != paired_kind]
+    nics_all, nics = nics, [n for n in nics if n not in lone_nics]
     if base is not None and base.pairs:
         shared = len({p.nic.pci_address for p in base.pairs}) < len(base.pairs)
         pairing = "shared" if shared else "one-to-one"
@@ -115,6 +130,8 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
         rest_nics = [n for n in nics if n.pci_address not in paired]
     else:
         unpaired_gpus, rest_nics = gpus, nics
+    rest_nics += lone_nics
+    nics = nics_all
     found = [*(topology.gpu(g.pci_address).numa_node for g in gpus),
              *(idx.numa[n.pf_pci_address] for n in nics)]
     numa = set(base.numa_nodes if base else ()) | {x for x in found if x is not None}
@@ -128,6 +145,18 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
         gpus=tuple(unpaired_gpus),
     )
     return replace(out, decided_by="node", decided_at=decided_at)
+
+
+def _paired_kind(base: Allocation | None, nics: Iterable[NicRef]) -> Kind:
+    """The VF kind that pairs with GPUs: the record's paired VFs' pool, else the default
+    pool when given, else the one pool given (docs/decisions/0085)."""
+    for p in base.pairs if base else ():
+        if p.nic.kind == "vf":
+            return kind_of_nic(p.nic)
+    kinds = {kind_of_nic(n) for n in nics if n.kind == "vf"}
+    if "vf" in kinds or len(kinds) != 1:
+        return "vf"
+    return kinds.pop()
 
 
 def pair_container(topology: NodeTopology, alloc: Allocation, gpus: Iterable[str],
@@ -152,8 +181,10 @@ def pair_container(topology: NodeTopology, alloc: Allocation, gpus: Iterable[str
     pairs = [p for p in alloc.pairs if p not in crossing]
     load: Counter[str] = Counter(p.nic.pci_address for p in pairs)
     loose_gpus = [*(p.gpu for p in crossing), *alloc.gpus]
+    paired_kind = _paired_kind(alloc, alloc.all_nics)
+    pairable = [n for n in alloc.all_nics if n.kind == "pf" or kind_of_nic(n) == paired_kind]
     for inside in (True, False):
-        side = [n for n in alloc.all_nics if (n.pci_address in n_in) == inside]
+        side = [n for n in pairable if (n.pci_address in n_in) == inside]
         for g in (g for g in loose_gpus if (g.device_id in g_in) == inside):
             free = [n for n in side if shared or not load[n.pci_address]]
             if not free:
@@ -178,8 +209,7 @@ def choose_local(topology: NodeTopology, kind: Kind, available: Iterable[str],
     offered), then nearest to the pod's unmatched `partners` (GPU IDs when choosing NICs, NIC
     IDs when choosing GPUs), spreading NICs over PFs; PCI address breaks ties."""
     idx = index or DeviceIndex(topology)
-    avail = [a for a in dict.fromkeys(available)
-             if (a in idx.gpus if kind == "gpu" else a in idx.nics and idx.nics[a].kind == kind)]
+    avail = [a for a in dict.fromkeys(available) if idx.is_kind(a, kind)]
     chosen: list[str] = []
     for x in (*must_include, *keep):
         if x in avail and x not in chosen and len(chosen) < size:
@@ -205,7 +235,7 @@ def choose_local(topology: NodeTopology, kind: Kind, available: Iterable[str],
         rest: dict[str, str] = {}
         for a in avail:
             if a not in taken:
-                group = idx.nics[a].pf_pci_address if kind == "vf" else a
+                group = idx.nics[a].pf_pci_address if kind not in ("gpu", "pf") else a
                 if group not in rest or a < rest[group]:
                     rest[group] = a
         if not rest:

@@ -34,11 +34,12 @@ def node_status(topology: NodeTopology, records: Iterable[PodRecord],
                 previous: NodeTopologyStatus | None = None) -> NodeTopologyStatus:
     """`unhealthy`: device plugin ID → why (the agent's health scan); `now` stamps a
     condition whose status changed (one that did not keep its time from `previous`)."""
-    kinds: tuple[Kind, ...] = ("gpu", "vf", "pf")
-    held: dict[Kind, set[str]] = {kind: set() for kind in kinds}
+    kinds: tuple[Kind, ...] = ("gpu", "pf")
+    held: dict[Kind, set[str]] = {kind: set() for kind in (*kinds, "vf")}
     for r in records:
         for kind in kinds:
             held[kind].update(ids_of(r.allocation, kind))
+        held["vf"].update(n.pci_address for n in r.allocation.vfs)  # every pool's
     gpu_pci = {g.device_id: g.pci_address for g in topology.gpus}
     gpus = _counts(set(gpu_pci), held["gpu"], unhealthy)
     nics = _counts({n.pci_address for n in topology.nics}, held["pf"], unhealthy)

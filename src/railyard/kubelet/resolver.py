@@ -17,11 +17,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from railyard.allocation.names import ResourceNames
-from railyard.allocation.types import Allocation
+from railyard.allocation.types import Allocation, NicRef
 from railyard.kubelet.pods import ContainerView, PodView
 from railyard.node.state import PodRecord
 
-Kind = Literal["gpu", "vf", "pf"]
+# What one device plugin serves: "gpu", "vf" (the default VF pool), "pf", or another VF
+# pool, named by its resource name (which always holds a '/', so never one of the three).
+Kind = str
+BASE_KINDS: tuple[Literal["gpu", "vf", "pf"], ...] = ("gpu", "vf", "pf")
+
+
+def kinds_of(names: ResourceNames) -> tuple[Kind, ...]:
+    """Every kind of this node's resources: GPUs, each VF pool (the default first), PFs."""
+    return ("gpu", "vf", *names.vf_pools, "pf")
 
 
 def kind_of(names: ResourceNames, resource: str) -> Kind:
@@ -31,16 +39,35 @@ def kind_of(names: ResourceNames, resource: str) -> Kind:
         return "vf"
     if resource == names.pf:
         return "pf"
+    if resource in names.vf_pools:
+        return resource
     raise KeyError(resource)
+
+
+def is_vf_kind(kind: Kind) -> bool:
+    return kind not in ("gpu", "pf")
+
+
+def pool_of(kind: Kind) -> str | None:
+    """A VF kind's pool as records name it (None: the default pool)."""
+    return None if kind == "vf" else kind
+
+
+def kind_of_nic(nic: NicRef) -> Kind:
+    """The kind whose plugin hands out this NIC: its pool's for a VF."""
+    if nic.kind == "pf":
+        return "pf"
+    return "vf" if nic.pool is None else nic.pool
 
 
 def ids_of(alloc: Allocation, kind: Kind) -> tuple[str, ...]:
     """The device plugin IDs of one kind in an Allocation, in pair order."""
     if kind == "gpu":
         return tuple(g.device_id for g in alloc.all_gpus)
-    if kind == "vf":
-        return tuple(n.pci_address for n in alloc.vfs)
-    return tuple(n.pci_address for n in alloc.pfs)
+    if kind == "pf":
+        return tuple(n.pci_address for n in alloc.pfs)
+    pool = pool_of(kind)
+    return tuple(n.pci_address for n in alloc.vfs if n.pool == pool)
 
 
 @dataclass(frozen=True, slots=True)
