@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scheduler_helpers import hand_allocation
 
 from railyard.allocation.names import ALLOCATION_ANNOTATION
@@ -129,6 +131,82 @@ def test_a_rewritten_record_moves_the_holding_and_a_conflicting_one_is_not_held(
     assert list(sync.state.ledger("a").holders()) == [("1", moved)]
     sync.on_pod(Change("ADDED", "ml/p-2", pod("2", moved)))  # the same devices: refused
     assert sync.state.pod("2") is None
+
+
+def used(sync: ClusterSync, node: str = "a") -> tuple[set[str], set[str]]:
+    ledger = sync.state.ledger(node)
+    return set(ledger.used_gpus), set(ledger.used_vfs)
+
+
+def test_two_pods_kubelet_swapped_hold_both_vfs_while_their_records_are_rewritten():
+    """Kubelet gave pod 1 the VF recorded for pod 2 and pod 2 pod 1's (issue 19's burst
+    drill: four pods were then bound to VFs in use). The agent rewrites the records one at a
+    time; between the two rewrites, neither VF may look free."""
+    t = topology("a")
+    sync = synced("a")
+    one, two = hand_allocation(t, [(0, 0, 0)]), hand_allocation(t, [(1, 0, 1)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", one)))
+    sync.on_pod(Change("ADDED", "ml/p-2", pod("2", two)))
+    before = used(sync)
+    one_truth, two_truth = hand_allocation(t, [(0, 0, 1)]), hand_allocation(t, [(1, 0, 0)])
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", one_truth)))
+    assert used(sync) == before
+    lone = sync.state.bind("3", "ml", "p-3", "a", Request(vfs=1))
+    assert isinstance(lone, Allocation) and not vfs_of(lone) & before[1]
+    sync.on_pod(Change("MODIFIED", "ml/p-2", pod("2", two_truth)))
+    holders = dict(sync.state.ledger("a").holders())
+    assert (holders["1"], holders["2"]) == (one_truth, two_truth)
+    assert sync.state.pod("1").allocation == one_truth
+
+
+def test_a_rewritten_record_naming_a_free_device_and_a_held_one_holds_both_until_settled():
+    """Pod 1's new record names pod 2's VF (pod 2's own rewrite is still on its way) and a
+    free one: the free one is held at once, pod 1's old VF stays held, and once pod 2 moves
+    everything settles on the records."""
+    t = topology("a")
+    sync = synced("a")
+    p, q, r = [i for i, nic in enumerate(t.nics) if nic.vfs][:3]
+    one, two = hand_allocation(t, [(0, p, 0)]), hand_allocation(t, [(1, q, 0)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", one)))
+    sync.on_pod(Change("ADDED", "ml/p-2", pod("2", two)))
+    one_truth = hand_allocation(t, [(0, q, 0), (2, r, 0)])  # pod 2's VF and a free one
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", one_truth)))
+    gpus, vfs = used(sync)
+    assert vfs >= vfs_of(one) | vfs_of(two) | vfs_of(one_truth)
+    assert gpus >= {g.pci_address for g in one_truth.all_gpus}
+    two_truth = hand_allocation(t, [(1, p, 0)])  # pod 1's old VF
+    sync.on_pod(Change("MODIFIED", "ml/p-2", pod("2", two_truth)))
+    holders = dict(sync.state.ledger("a").holders())
+    assert (holders["1"], holders["2"]) == (one_truth, two_truth)
+    sync.on_pod(Change("DELETED", "ml/p-2", pod("2", two_truth)))
+    assert used(sync)[1] == vfs_of(one_truth)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_records_rewritten_one_pod_at_a_time_never_free_a_device_in_use(data):
+    """Pods on one node each hold a GPU and a VF; kubelet really gave them a permutation of
+    those devices, and the agent rewrites their records in any order. At every step every
+    device stays held (all are in use), and at the end the ledger is exactly the records."""
+    t = topology("a")
+    sync = synced("a")
+    count = data.draw(st.integers(2, 6))
+    slots = [(i, v) for i, nic in enumerate(t.nics) if nic.vfs for v in range(2)][:count]
+    first = [hand_allocation(t, [(k, n, v)]) for k, (n, v) in enumerate(slots)]
+    for k, a in enumerate(first):
+        sync.on_pod(Change("ADDED", f"ml/p-{k}", pod(str(k), a)))
+    everything = used(sync)
+    order = data.draw(st.permutations(range(count)))
+    given_vfs = data.draw(st.permutations(range(count)))
+    given_gpus = data.draw(st.permutations(range(count)))
+    truth = {k: hand_allocation(t, [(given_gpus[k], *slots[given_vfs[k]])])
+             for k in range(count)}
+    for k in order:
+        sync.on_pod(Change("MODIFIED", f"ml/p-{k}", pod(str(k), truth[k])))
+        gpus, vfs = used(sync)
+        assert vfs >= everything[1] and gpus >= {g.pci_address for a in first
+                                                 for g in a.all_gpus}
+    assert dict(sync.state.ledger("a").holders()) == {str(k): truth[k] for k in range(count)}
 
 
 def test_a_bad_spec_makes_the_node_unknown_not_the_extender_fail():

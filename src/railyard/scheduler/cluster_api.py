@@ -32,7 +32,7 @@ from railyard.records.nodetopology_cr import (
     spec_from_resource,
     status_from_json,
 )
-from railyard.scheduler.cluster_file import BoundPod, ClusterFileError
+from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
 
@@ -129,6 +129,8 @@ class ClusterSync:
         self.shapes = TopologyShapes()
         self._spec: dict[str, tuple[int, bytes]] = {}  # node -> (generation, shape key)
         self._held: dict[str, BoundPod] = {}  # uid -> the pod as its record says
+        # Records that clash with another pod's until the agent has rewritten both (_settle).
+        self._unsettled: dict[str, BoundPod] = {}
         self.recording: set[str] = set()
         self.written: set[str] = set()
         self.on_pods_changed: Callable[[], None] | None = None
@@ -205,7 +207,10 @@ class ClusterSync:
                 return  # an event from before our annotation reached the watch
             self.written.discard(uid)
             self._held.pop(uid, None)
-            if self.state.release(uid) is not None:
+            settling = self._unsettled.pop(uid, None) is not None
+            if self.state.release(uid) is not None or settling:
+                if self._unsettled:
+                    self._settle([])  # what it freed may be what another record names
                 self._changed()
             return
         self.written.discard(uid)
@@ -219,18 +224,34 @@ class ClusterSync:
         """Hold what the pod's record says (the record wins over what was held before: the
         agent rewrites it when kubelet chose differently)."""
         held = self.state.pod(pod.uid)
-        if held is not None:
-            if held.node == pod.node and held.allocation == pod.allocation:
-                return
-            self.state.release(pod.uid)
+        if (held is not None and held.node == pod.node and held.allocation == pod.allocation
+                and pod.uid not in self._unsettled):
+            return
         if pod.node not in self.state:
+            self._unsettled.pop(pod.uid, None)
+            if held is not None:
+                self.state.release(pod.uid)
             return  # held again when its node's topology arrives
-        try:
-            self.state.restore([pod])
-        except ClusterFileError as e:
-            log.warning("pod %s/%s (%s): its record is not held: %s", pod.namespace, pod.name,
-                        pod.uid, e.reason)
+        self._settle([pod])
         self._changed()
+
+    def _settle(self, pods: list[BoundPod]) -> None:
+        """Hold these records together with those still unsettled: records the agent
+        rewrites one pod at a time may clash until the last one arrives (state.hold_records);
+        until then every device any of them names, or held before, stays held."""
+        todo = {uid: p for uid, p in self._unsettled.items() if p.node in self.state}
+        todo.update((p.uid, p) for p in pods)
+        waiting = self.state.hold_records(todo.values())
+        for p in waiting:
+            if p.uid not in self._unsettled:
+                log.warning("pod %s/%s (%s): its record names devices another pod's record "
+                            "holds; holding both until the records settle", p.namespace,
+                            p.name, p.uid)
+        for p in pods:
+            if p.uid not in {w.uid for w in waiting} and self.state.pod(p.uid) is None:
+                log.warning("pod %s/%s (%s): its record is not held: every device it names "
+                            "is another pod's", p.namespace, p.name, p.uid)
+        self._unsettled = {p.uid: p for p in waiting}
 
     def _changed(self) -> None:
         if self.on_pods_changed is not None:

@@ -150,6 +150,10 @@ class _TrackedLedger(Ledger):
 
 # The ledger holder of the devices a node reports unhealthy (not a pod UID: those are UUIDs).
 UNHEALTHY_HOLDER = "railyard.dev/unhealthy"
+# Devices a rewritten record let go of while other records are still to be rewritten: kubelet
+# may have given them to one of those pods (hold_records). No pod; held until all settle.
+REWRITING_HOLDER = "railyard.dev/rewriting"
+_NOT_PODS = (UNHEALTHY_HOLDER, REWRITING_HOLDER)
 
 
 def unhealthy_hold(topology: NodeTopology, ledger: Ledger,
@@ -175,6 +179,35 @@ def unhealthy_hold(topology: NodeTopology, ledger: Ledger,
         return None
     return Allocation(node=topology.node, numa_nodes=(), cpus=None, memory_bytes=(),
                       nics=tuple(nics), gpus=gpus)
+
+
+def _free_part(ledger: Ledger, *allocations: Allocation | None) -> Allocation | None:
+    """The devices of these allocations that `ledger` does not hold, as one device-only
+    Allocation (CPUs and memory stay with the records); None when there are none."""
+    gpus: dict[str, GpuRef] = {}
+    nics: dict[str, NicRef] = {}
+    for alloc in allocations:
+        if alloc is None:
+            continue
+        for g in alloc.all_gpus:
+            if g.pci_address not in ledger.used_gpus:
+                gpus.setdefault(g.pci_address, g)
+        for nic in alloc.all_nics:
+            if nic.kind == "vf":
+                free = (nic.pci_address not in ledger.used_vfs
+                        and nic.pf_pci_address not in ledger.used_pfs)
+            else:
+                free = (nic.pci_address not in ledger.used_pfs
+                        and not ledger.vfs_used_on(nic.pci_address))
+            if free:
+                nics.setdefault(nic.pci_address, nic)
+    whole = {pci for pci, nic in nics.items() if nic.kind == "pf"}
+    nics = {pci: nic for pci, nic in nics.items()
+            if nic.kind == "pf" or nic.pf_pci_address not in whole}  # the PF holds its VFs
+    if not gpus and not nics:
+        return None
+    return Allocation(node=ledger.topology.node, numa_nodes=(), cpus=None, memory_bytes=(),
+                      nics=tuple(nics.values()), gpus=tuple(gpus.values()))
 
 
 def now_rfc3339() -> str:
@@ -210,6 +243,8 @@ class ClusterState:
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
         # PCI addresses each node reports unhealthy; held under UNHEALTHY_HOLDER where free.
         self._unhealthy: dict[str, frozenset[str]] = {}
+        # Per node, what REWRITING_HOLDER keeps (hold_records), by PCI address.
+        self._rewriting: dict[str, Allocation] = {}
 
     @classmethod
     def from_cluster_file(cls, path: str | Path,
@@ -245,6 +280,7 @@ class ClusterState:
             del self._nodes[name]
             del self._group_of_name[name]
             self._unhealthy.pop(name, None)
+            self._rewriting.pop(name, None)
         return gone
 
     def set_unhealthy(self, name: str, pci_addresses: Iterable[str]) -> bool:
@@ -646,6 +682,75 @@ class ClusterState:
             with self._pods_lock:
                 for p in pods:  # a pod bound without devices holds nothing but its node
                     self._pods[p.uid] = p
+
+    def hold_records(self, pods: Iterable[BoundPod]) -> list[BoundPod]:
+        """Hold what these pods' records say now, in one change; the pods not settled yet.
+
+        The agent rewrites a record to what kubelet really gave the pod, one pod at a time,
+        so two pods kubelet swapped name each other's devices until both are rewritten. Taken
+        together they fit; one whose record still clashes with a pod outside `pods` holds,
+        for now, every device of its old holding and its new record that nobody else holds —
+        no device it may be using looks free — and is returned, to be offered again with the
+        next change. A new record no device of which is free (one copied from another pod)
+        holds nothing, and the pod is not bound here.
+        """
+        pods = list(pods)
+        uids = {p.uid for p in pods}
+        bound_on = {bp.node for u in uids if (bp := self._pods.get(u)) is not None}
+        names = sorted({p.node for p in pods} | bound_on | set(self._rewriting))
+        names = [name for name in names if name in self._nodes]
+        with ExitStack() as locked:
+            for name in names:
+                locked.enter_context(self._nodes[name].lock)
+            fresh: dict[str, _TrackedLedger] = {}
+            held: dict[str, Allocation] = {}  # what each of the pods holds now, by uid
+            for name in names:
+                n = self._nodes[name]
+                current = list(n.ledger.holders()) if n.ledger is not None else []
+                held.update((h, a) for h, a in current if h in uids)
+                fresh[name] = self._new_ledger(
+                    n, [(h, a) for h, a in current if h not in uids and h not in _NOT_PODS])
+            waiting = [p for p in pods if p.node in fresh and p.allocation is not None]
+            placed = True
+            while waiting and placed:  # a record may fit only once another has moved
+                placed = False
+                for p in list(waiting):
+                    try:
+                        fresh[p.node].add(p.uid, p.allocation)  # type: ignore[arg-type]
+                    except LedgerConflict:
+                        continue
+                    waiting.remove(p)
+                    placed = True
+            unbound = set()
+            for p in waiting:
+                before = held.get(p.uid)
+                hold = _free_part(fresh[p.node], p.allocation,
+                                  before if before is not None and before.node == p.node
+                                  else None)
+                if hold is not None:
+                    fresh[p.node].add(p.uid, hold)
+                elif p.uid not in self._pods:
+                    unbound.add(p.uid)  # new, and may take nothing: not bound here
+            let_go = {name: [a for a in (self._rewriting.get(name),) if a is not None]
+                      for name in fresh}
+            for before in held.values():
+                let_go[before.node].append(before)
+            self._rewriting.clear()
+            for name, ledger in fresh.items():
+                n = self._nodes[name]
+                if waiting and (hold := _free_part(ledger, *let_go[name])) is not None:
+                    ledger.add(REWRITING_HOLDER, hold)
+                    self._rewriting[name] = hold
+                n.ledger = ledger
+                self._hold_unhealthy(n)
+                self._regroup(n)
+            with self._pods_lock:
+                for p in pods:
+                    if p.uid in unbound or p.node not in self._nodes:
+                        self._pods.pop(p.uid, None)
+                    else:
+                        self._pods[p.uid] = p
+        return [p for p in waiting if p.uid not in unbound]
 
     # ------------------------------------------------------------------ preemption
 
