@@ -6,12 +6,13 @@ Imports stay inside the command so `railyard --help` stays fast.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.cli.app import KubeBurst, KubeQps, app, check_kube_limits, fail
 
 if TYPE_CHECKING:
@@ -102,6 +103,12 @@ def scheduler(
         "--leader-elect-namespace", metavar="NS")] = "kube-system",
     leader_elect_name: Annotated[str, typer.Option(
         "--leader-elect-name", metavar="NAME")] = "railyard-scheduler",
+    vf_pool: Annotated[list[str] | None, typer.Option(
+        "--vf-pool", metavar="RESOURCE",
+        help="A VF pool besides railyard.dev/vf, by its resource name (repeat for each; the "
+             "agents' vfPools and kube-scheduler's managedResources list the same names): "
+             "pods asking for it are read as asking VFs of that pool (docs/decisions/0085).")
+    ] = None,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
@@ -129,6 +136,7 @@ def scheduler(
     except ValueError as e:
         fail(str(e))
     tls = _tls(tls_cert_file, tls_key_file, client_ca_file)
+    names = _names(vf_pool or [])
     if cluster_file is None:
         if state_file is not None:
             fail("--state-file needs --cluster-file (on a cluster the pods are the record)")
@@ -146,7 +154,7 @@ def scheduler(
                                       leader_elect_lease_duration, leader_elect_renew_deadline,
                                       leader_elect_retry_period)
         _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
-                   tls)
+                   tls, names)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
@@ -172,7 +180,8 @@ def scheduler(
             state.restore(cluster.pods)
     except (ClusterFileError, StateFileError) as e:
         fail(str(e))
-    extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache, admin_token=token)
+    extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache, admin_token=token,
+                        names=names)
     settle_heap()
 
     try:
@@ -184,6 +193,19 @@ def scheduler(
     finally:
         if sf is not None:
             sf.close()
+
+
+def _names(pools: list[str]) -> ResourceNames:
+    """The resource names pods are read with: the defaults plus each --vf-pool."""
+    from railyard.agent.config import extended_resource_problem
+
+    for name in pools:
+        why = extended_resource_problem(name)
+        if why is not None:
+            fail(f"--vf-pool {name!r}: not an extended resource name kubelet accepts: {why}")
+        if name in DEFAULT_RESOURCES.managed:
+            fail(f"--vf-pool {name!r}: already the GPU, default VF or PF resource")
+    return replace(DEFAULT_RESOURCES, vf_pools=tuple(sorted(set(pools))))
 
 
 def _tls(cert_file: Path | None, key_file: Path | None,
@@ -239,7 +261,7 @@ async def _serve(extender: Extender, host: str, port: int, source: str,
 
 def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
                qps: float, burst: int, election: LeaderElection | None,
-               tls: ssl.SSLContext | None) -> None:
+               tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -282,7 +304,7 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
             await cluster.start()
             # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,
-                                admin_calls=False)
+                                admin_calls=False, names=names)
             cluster.sync.on_pods_changed = lambda: extender.metrics.pods.set(state.pod_count())
             settle_heap()
             campaign = asyncio.ensure_future(elector.run()) if elector else None

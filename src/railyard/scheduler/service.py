@@ -27,6 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
+from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.allocation.types import Infeasible
 from railyard.scheduler import metrics as m
 from railyard.scheduler.access import AdminToken, client_certificates
@@ -138,8 +139,10 @@ class Extender:
                  state_file: StateFile | None = None, metrics: Metrics | None = None,
                  pod_cache: int = DEFAULT_POD_CACHE, leader: Leadership | None = None,
                  limits: HttpLimits | None = None, admin_token: AdminToken | None = None,
-                 admin_calls: bool = True) -> None:
+                 admin_calls: bool = True, names: ResourceNames = DEFAULT_RESOURCES) -> None:
         self.state = state
+        # The resource names pods are read with; `vf_pools` from --vf-pool (decision 0085).
+        self.names = names
         # `DELETE /pods/<uid>` exists only where nothing else frees a pod's devices (the
         # cluster-file mode; with the API the pod watch does), and answers only a caller
         # bearing `admin_token` (none: refused to all).
@@ -221,7 +224,7 @@ class Extender:
         """The decoded call, or the answer to a bad one."""
         try:
             args = decode(body, ExtenderArgs)
-            return args, pod_facts(args.Pod, self.pods.get), _names(args)
+            return args, pod_facts(args.Pod, self.pods.get, self.names), _names(args)
         except WireError as e:
             self.metrics.failure("filter", m.BAD_REQUEST)
             return _filter_reply(error=str(e))
@@ -275,7 +278,7 @@ class Extender:
     def _prioritize_call(self, body: bytes) -> tuple[PodFacts, list[str]] | web.Response:
         try:
             args = decode(body, ExtenderArgs)
-            return pod_facts(args.Pod, self.pods.get), _names(args)
+            return pod_facts(args.Pod, self.pods.get, self.names), _names(args)
         except WireError as e:
             # HostPriorityList has no Error field: say it with the status.
             self.metrics.failure("prioritize", m.BAD_REQUEST)
@@ -409,7 +412,7 @@ class Extender:
     def _preempt(self, body: bytes) -> web.Response:
         try:
             args = decode(body, ExtenderPreemptionArgs)
-            facts = pod_facts(args.Pod, self.pods.get)
+            facts = pod_facts(args.Pod, self.pods.get, self.names)
             candidates: dict[str, tuple[list[str], int]] = {}
             if args.NodeNameToMetaVictims is not None:
                 for node, v in args.NodeNameToMetaVictims.items():

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.allocation.request import Request, RequestError, request_from_pod
 from railyard.records.fields import FieldError, pod_namespace
 
@@ -103,8 +104,10 @@ class HostPriority(msgspec.Struct):
 
 
 def pod_facts(pod: dict[str, Any] | None,
-              seen: Callable[[str], PodFacts | None] | None = None) -> PodFacts:
-    """UID, namespace, name and the parsed Railyard request of a v1 Pod.
+              seen: Callable[[str], PodFacts | None] | None = None,
+              names: ResourceNames = DEFAULT_RESOURCES) -> PodFacts:
+    """UID, namespace, name and the parsed Railyard request of a v1 Pod (`names`: the
+    resource names, VF pools included, the extender was told).
 
     `seen` looks up facts parsed before by UID; when the pod's resourceVersion is the same,
     the object is the same (kube-scheduler sends one Pod to filter, then prioritize) and
@@ -131,11 +134,12 @@ def pod_facts(pod: dict[str, Any] | None,
         namespace = pod_namespace(meta)
     except FieldError as e:
         raise WireError(f"Pod.{e}") from None
-    key = _request_key(pod)
+    raw = _request_key(pod)
+    key = (names, raw) if raw is not None else None
     request = _requests.get(key) if key is not None else None
     if request is None:
         try:
-            request = request_from_pod(pod)
+            request = request_from_pod(pod, names)
         except RequestError as e:
             raise WireError(f"Pod {namespace}/{name}: {e}") from None
         if key is not None:
@@ -149,7 +153,7 @@ def pod_facts(pod: dict[str, Any] | None,
 # resources, which init containers are sidecars, annotations): pods of one Job or
 # Deployment are alike, and parsing quantities (exact fractions) costs ~0.4 ms a pod, more
 # than the rest of a filter call.
-_requests: dict[bytes, Request] = {}
+_requests: dict[tuple[ResourceNames, bytes], Request] = {}
 _REQUEST_CACHE = 4096
 
 
