@@ -25,7 +25,12 @@ from pathlib import Path
 import pytest
 
 import railyard
-from railyard.agent.config import ConfigError, _pf_name, extended_resource_problem
+from railyard.agent.config import (
+    ConfigError,
+    _pf_name,
+    config_from_dict,
+    extended_resource_problem,
+)
 from railyard.allocation.request import RequestError, parse_quantity
 from railyard.cli.scheduler import parse_listen
 from railyard.cni.devices import netdev_of
@@ -43,6 +48,7 @@ from railyard.discovery.discover import _number_after, is_representor
 from railyard.discovery.sysfs import parent_pcie_parts
 from railyard.kubelet.pods import PodError, pod_view
 from railyard.node.errors import StateError
+from railyard.node.pairfiles import PairFiles
 from railyard.node.state import StateStore, is_pod_uid
 from railyard.records.allocation import RecordError, decode_allocation
 from railyard.records.fields import FieldError, Fields
@@ -163,7 +169,7 @@ VALIDATORS: list[Validator] = [
     # ---- CNI: the runtime's environment and the network config
     Validator("CNI_CONTAINERID", ("railyard.cni.spec._CONTAINER_ID",), "c0ffee",
               _cni(lambda v: parse_env(_env(CNI_CONTAINERID=v))), r"code 4: CNI_CONTAINERID"),
-    Validator("CNI_IFNAME", ("railyard.cni.spec._IFNAME_BAD",), "net1",
+    Validator("CNI_IFNAME", ("railyard.node.ifnames._BAD",), "net1",
               _cni(lambda v: parse_env(_env(CNI_IFNAME=v))), r"code 4: CNI_IFNAME", digits=False),
     Validator("config ifname", (), "net1", _cni(lambda v: check_ifname(v, "ifname")),
               r"code 4: ifname", digits=False),
@@ -202,9 +208,15 @@ VALIDATORS: list[Validator] = [
     Validator("Koordinator rdma minor", ("railyard.records.koordinator._MLX5",), "mlx5_3",
               _yes_no(lambda v: rdma_minor(v) == 3)),
     # ---- node state, agent config, requests, the CLI
-    Validator("pod namespace", ("railyard.kubelet.pods._NAMESPACE",), "team-a",
+    Validator("pod namespace", ("railyard.records.fields._DNS_LABEL",), "team-a",
               lambda v: _pod_problem({"uid": "u", "name": "p", "namespace": v}),
               r"metadata\.namespace: expected a namespace"),
+    Validator("pair file container name", (), "main",
+              _raises(StateError, lambda v: PairFiles("/nonexistent").path(
+                  "6f1c0a3e-0000-4000-8000-000000000001", v)), r"is not a container name"),
+    Validator("pair map podIfname", (), "net1",
+              _raises(ConfigError, lambda v: config_from_dict({"pairMap": {"podIfname": v}})),
+              r"pairMap\.podIfname", digits=False),
     Validator("pod UID", ("railyard.node.state._UID",), "6f1c0a3e-0000-4000-8000-000000000001",
               _yes_no(is_pod_uid)),
     Validator("extended resource prefix", ("railyard.agent.config._DNS_LABEL",), "nvidia.com",

@@ -31,6 +31,7 @@ from typing import Any
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.kubelet.pairmap import DEFAULT_PAIR_MAP, PairMapOptions
 from railyard.kubelet.selectors import PfName, Selector
+from railyard.node.ifnames import ifname_problem
 from railyard.node.paths import CNI_DEVINFO_DIR, DEVINFO_DIR
 from railyard.records.fields import FieldError, Fields
 
@@ -289,18 +290,19 @@ def _vf_pools(f: Fields, resources: ResourceNames) -> tuple[VfPool, ...]:
     return tuple(out)
 
 
-# What the kernel takes as an interface name (dev_valid_name), leaving room for the `-<i>`
-# the CNI appends for a pod's later NICs (railyard.node.ifnames).
-_IFNAME = re.compile(r"[^/:\s]{1,12}")
+# Room left in an interface name for the `-<i>` the CNI appends for a pod's later NICs
+# (railyard.node.ifnames).
+_POD_IFNAME_BYTES = 12
 
 
 def _pair_map(f: Fields) -> PairMapOptions:
     f.only(("ncclGpuNicAffinity", "podIfname"))
     ifname = f.string("podIfname", nonempty=True, default=DEFAULT_PAIR_MAP.pod_ifname,
                       what="an interface name")
-    if not _IFNAME.fullmatch(ifname) or len(ifname.encode()) > 12 or ifname in (".", ".."):
-        f.fail("podIfname", f"expected an interface name of at most 12 bytes without '/', "
-                            f"':' or spaces, got {ifname!r}")
+    if ifname_problem(ifname, _POD_IFNAME_BYTES) is not None:
+        f.fail("podIfname", f"expected an interface name of at most {_POD_IFNAME_BYTES} bytes "
+                            f"without '/', ':', '%', spaces or control characters, got "
+                            f"{ifname!r}")
     return PairMapOptions(
         nccl_gpu_nic_affinity=f.boolean("ncclGpuNicAffinity",
                                         DEFAULT_PAIR_MAP.nccl_gpu_nic_affinity),

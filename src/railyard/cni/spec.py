@@ -17,7 +17,7 @@ from enum import IntEnum
 from typing import Any
 
 from railyard.cni.shim import LATEST_VERSION, NESTED_TOO_DEEPLY, SUPPORTED_VERSIONS
-from railyard.node.ifnames import pod_ifname
+from railyard.node.ifnames import ifname_problem, pod_ifname
 from railyard.records.fields import FieldError, Fields
 
 __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
@@ -89,7 +89,6 @@ def newest_common(ours_max: str, theirs: list[str] | tuple[str, ...],
 
 # Characters no interface name may hold: the kernel's (dev_valid_name: '/', ':', white space)
 # and ours ('%', which iproute2 reads as a format; NUL and other control characters).
-_IFNAME_BAD = re.compile(r"[/:\s%\x00-\x1f\x7f]")
 # Every pattern below is used with fullmatch: `$` would also pass a trailing newline.
 _CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 
@@ -101,10 +100,9 @@ def check_ifname(name: str, what: str = "CNI_IFNAME") -> str:
         raise CniError(Code.INVALID_ENV, f"{what} is empty")
     if not _is_utf8(name):
         raise CniError(Code.INVALID_ENV, f"{what} {name!r} is not valid UTF-8")
-    if len(name.encode()) > 15:
-        raise CniError(Code.INVALID_ENV, f"{what} {name!r} is longer than 15 bytes")
-    if name in (".", "..") or _IFNAME_BAD.search(name):
-        raise CniError(Code.INVALID_ENV, f"{what} {name!r} is not a valid interface name")
+    problem = ifname_problem(name)
+    if problem is not None:
+        raise CniError(Code.INVALID_ENV, f"{what} {name!r} {problem}")
     return name
 
 

@@ -9,18 +9,15 @@ as a mount at `/run/railyard/pairs.json`), and removed with the pod's record. Th
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
 from railyard.node.errors import StateError
 from railyard.node.files import write_atomic
 from railyard.node.state import is_pod_uid
+from railyard.records.fields import is_dns_label
 
 FOLDER = "pairs"  # <state_dir>/pairs/
-# Container names are DNS labels (the API server checks); anything else is not a file name
-# we make, whatever a pods file says.
-_CONTAINER = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class PairFiles:
@@ -30,7 +27,9 @@ class PairFiles:
     def path(self, uid: str, container: str) -> Path:
         if not is_pod_uid(uid):
             raise StateError(str(self.root), f"{uid!r} is not a pod UID")
-        if not _CONTAINER.fullmatch(container):
+        # Container names are DNS labels (the API server checks); anything else is not a
+        # file name we make, whatever a pods file says.
+        if not is_dns_label(container):
             raise StateError(str(self.root), f"{container!r} is not a container name")
         return self.root / uid / f"{container}.json"
 

@@ -57,8 +57,13 @@ def kind_of(value: Any) -> str:
 _KINDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
           list: "a list", dict: "an object"}
 
-# A namespace's name: an RFC 1123 label (Kubernetes' ValidateNamespaceName), full-matched.
-_NAMESPACE = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+# An RFC 1123 label, as Kubernetes checks namespace and container names, full-matched.
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+def is_dns_label(text: str) -> bool:
+    """A namespace's or a container's name as the API server allows it."""
+    return _DNS_LABEL.fullmatch(text) is not None
 
 
 def pod_namespace(meta: dict[str, Any], error: type[FieldError] = FieldError) -> str:
@@ -68,7 +73,7 @@ def pod_namespace(meta: dict[str, Any], error: type[FieldError] = FieldError) ->
     namespace = meta.get("namespace")
     if namespace is None:
         return "default"
-    if type(namespace) is not str or not _NAMESPACE.fullmatch(namespace):
+    if type(namespace) is not str or not is_dns_label(namespace):
         shown = repr(namespace[:70]) if isinstance(namespace, str) else kind_of(namespace)
         raise error("metadata.namespace", "expected a namespace (a DNS label: lower-case "
                     f"letters, digits and '-', at most 63), got {shown}")
