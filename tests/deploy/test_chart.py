@@ -385,3 +385,24 @@ def test_deploy_manifests_are_the_charts_rendering(tmp_path: Path):
     kinds = [d["kind"] for d in documents(MANIFESTS.read_text())]
     assert kinds[:2] == ["CustomResourceDefinition", "Namespace"]
     assert os.access(REPO / "hack/render-manifests", os.X_OK)
+
+
+def test_vf_pools_reach_the_agent_the_extender_and_kube_scheduler(render):
+    """agent.vfPools in sriov-network-device-plugin's resourceList form (decision 0085): the
+    agent's config reads them, every pool but the default one is an extender --vf-pool and a
+    managedResource kube-scheduler leaves to the extender."""
+    objs = render("--set-json", 'agent.vfPools=[{"resourceName":"vf","selectors":'
+                  '{"pfNames":["ibp24s0"],"isRdma":true}},{"resourceName":"vf_storage",'
+                  '"resourcePrefix":"example.com","selectors":{"pfNames":["ens1f0"]}}]')
+    config = _agent_config(objs)
+    assert [p.resource for p in config.pools] == ["railyard.dev/vf", "example.com/vf_storage"]
+    extender = one(objs, "Deployment", "railyard-extender")["spec"]["template"]["spec"][
+        "containers"][0]
+    assert [a for a in extender["args"] if a.startswith("--vf-pool")] == [
+        "--vf-pool=example.com/vf_storage"]
+    scheduler = yaml.safe_load(one(objs, "ConfigMap", "railyard-scheduler-config")["data"][
+        "kube-scheduler-config.yaml"])
+    managed = {m["name"]: m["ignoredByScheduler"]
+               for m in scheduler["extenders"][0]["managedResources"]}
+    assert managed == {"railyard.dev/vf": True, "example.com/vf_storage": True,
+                       "railyard.dev/pf": True, "nvidia.com/gpu": False}

@@ -46,6 +46,23 @@ pfPlugin: {{ .Values.agent.pfs.enabled }}
 pools:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with .Values.agent.vfPools }}
+vfPools:
+  resourceList:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
 devinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/dp
 cniDevinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/cni
+{{- end -}}
+
+{{/* The VF pools besides the default one, by resource name, one a line (docs/decisions/0085):
+what the extender's --vf-pool flags and kube-scheduler's managedResources list. A pool
+without resourcePrefix is railyard.dev's, as the agent reads it. */}}
+{{- define "railyard.otherVfPools" -}}
+{{- range .Values.agent.vfPools }}
+{{- $name := printf "%s/%s" (default "railyard.dev" .resourcePrefix) .resourceName }}
+{{- if ne $name $.Values.agent.resources.vf }}
+{{ $name }}
+{{- end }}
+{{- end }}
 {{- end -}}
