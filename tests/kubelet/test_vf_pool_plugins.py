@@ -139,3 +139,21 @@ async def test_a_vf_two_pools_match_stops_the_agent_naming_both_pools(tmp_path, 
     assert VFS0[2] in message and "selector 0 of railyard.dev/vf and" in message
     assert "selector 1 of railyard.dev/vf-rail" in message
     await agent.stop()
+
+
+@async_test
+async def test_a_record_naming_a_vf_under_another_pool_is_not_followed(tmp_path, generic_tree):
+    """The record says RAIL's VF is a default-pool VF: no plugin would hand it out under
+    that name, so the node decides instead, and names the pool right."""
+    wrong = record()
+    lone = replace(wrong.nics[0], pool=None)
+    p = pod("uid-1", {"main": {GPU: 2, VF: 1, RAIL: 1}}, alloc=replace(wrong, nics=(lone,)))
+    async with rig(tmp_path, generic_tree, [p], config=config(tmp_path)) as r:
+        await r.kubelet.wait_registered(RAIL)
+        assert "is in pool railyard.dev/vf-rail" in (r.agent.admission.unusable(
+            replace(wrong, nics=(lone,))) or "")
+        rail = r.kubelet.client(RAIL)
+        ids = await rail.preferred(VFS1, 1)
+        a = r.agent.store.get("uid-1").allocation
+        assert a.decided_by == "node" and ids_of(a, RAIL) == tuple(ids)
+        await rail.close()

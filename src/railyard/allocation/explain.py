@@ -64,7 +64,7 @@ def _why_not_whole(shape: NodeShape, free: FreeState) -> list[str]:
             out.append(f"PF {a} port {pf.port_state}")
         elif shape.has_held_vfs[j]:
             out.append(f"PF {a} has VFs inside pods")
-        elif free.vfs[j] < len(shape.vfs[j]):
+        elif (free.any_vfs or free.vfs)[j] < len(shape.vfs[j]):  # VFs of any pool
             out.append(f"PF {a} has VFs in use")
         else:
             out.append(f"PF {a} is held whole")

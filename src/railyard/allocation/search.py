@@ -130,7 +130,8 @@ class Spec:
             lo = hi = 1
             pairs = n
         maxd = int(r.max_distance) if r.max_distance is not None else int(Distance.SYS)
-        others = tuple((p, c) for p, c in r.vf_counts if p != r.pair_pool)
+        others = tuple((p, c) for p, c in r.vf_counts if p != r.pair_pool) if r.pool_vfs \
+            else ()
         return cls(k, r.paired_vfs, r.pfs, r.exclusive_cpus, r.memory_bytes, maxd, r.numa,
                    lo, hi, pairs, r.pair_pool, others)
 
@@ -236,15 +237,23 @@ class Search:
         # VF pools: the search proper sees the paired pool's VFs as `free.vfs`; each other
         # pool asked is (its index, its free state, the count), filled in at level 3. A PF
         # counts as open (aligned capacity) while it has a free VF of any pool.
-        index = {p: q for q, p in enumerate(shape.pool_names)}
-        self.pool = index.get(spec.pool, -1)
-        self.free = free.for_pool(index.get(spec.pool))
-        self.others = [(index.get(p, -1), free.for_pool(index.get(p)), n)
-                       for p, n in spec.others]
         any_vfs = free.any_vfs or free.vfs
-        # Per PF: free VFs of pools other than the paired one (keep the PF open).
-        self.other_free = [a - b for a, b in zip(any_vfs, self.free.vfs, strict=True)]
+        if len(shape.pool_names) == 1 and spec.pool is None and not spec.others:
+            # No pools (the common node): the default pool is all there is.
+            self.pool, self.free = 0, free
+            self.others: list[tuple[int, FreeState, int]] = []
+            self.other_free = [0] * self.npf
+        else:
+            index = {p: q for q, p in enumerate(shape.pool_names)}
+            self.pool = index.get(spec.pool, -1)
+            self.free = free.for_pool(index.get(spec.pool))
+            self.others = [(index.get(p, -1), free.for_pool(index.get(p)), n)
+                           for p, n in spec.others]
+            # Per PF: free VFs of pools other than the paired one (keep the PF open).
+            self.other_free = [a - b for a, b in zip(any_vfs, self.free.vfs, strict=True)]
         self.open0 = sum(1 << j for j, r in enumerate(any_vfs) if r > 0)
+        # Another pool asked, or free VFs of a pool not paired: level 3 counts pools.
+        self.pooled = bool(self.others) or any(self.other_free)
         self._span: dict[int, tuple[int, int] | None] = {}
         self.best_key: tuple[int, ...] | None = None
         self.best_tie: tuple | None = None
@@ -557,6 +566,9 @@ class Search:
         of equal keys found is the lowest) once the pairing and the whole PFs are fixed:
         the paired pool's first, then each other pool's asked (`Spec.others`) the same way.
         """
+        if not self.pooled:
+            self._fill_one_pool(fixed, wset, tmin, tmax)
+            return
         gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
         sp, npf, rvf = self.spec, self.npf, self.free.vfs
         self.explored += npf * (1 + len(self.others))  # its passes over the PFs
@@ -665,6 +677,87 @@ class Search:
         try:
             # PFs taken whole leave no free VF behind.
             dfs(0, 0 if 0 in starts else sp.vfs, wnuma, 0)
+        finally:
+            self.explored += visited
+
+    def _fill_one_pool(self, fixed: tuple, wset: tuple[int, ...], tmin: list[int],
+                       tmax: list[int]) -> None:
+        """`_fill` where one pool is all there is (no other pool asked, none with a free VF):
+        its hottest loop without the pools' bookkeeping, which costs a node without pools
+        about 10% of a cold search (docs/decisions/0085)."""
+        gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
+        sp, npf, rvf = self.spec, self.npf, self.free.vfs
+        self.explored += npf  # its passes over the PFs
+        pf_numa = self.shape.pf_numa
+        wmask_pf = sum(1 << j for j in wset)
+        order = [j for j in range(npf)
+                 if not (wmask_pf >> j) & 1 and (tmax[j] > 0 or tmin[j] > 0)]
+        n = len(order)
+        # Suffix sums bound what the PFs from position idx on can still take.
+        smin = [0] * (n + 1)
+        smax = [0] * (n + 1)
+        snuma = [0] * (n + 1)  # NUMA bits of later PFs that must give VFs
+        sclosed = [0] * (n + 1)  # later PFs that must give all their free VFs
+        for idx in range(n - 1, -1, -1):
+            j = order[idx]
+            smin[idx] = smin[idx + 1] + tmin[j]
+            smax[idx] = smax[idx + 1] + tmax[j]
+            snuma[idx] = snuma[idx + 1] | ((1 << pf_numa[j]) if tmin[j] else 0)
+            sclosed[idx] = sclosed[idx + 1] | ((1 << j) if tmin[j] >= rvf[j] else 0)
+        if not smin[0] <= sp.vfs <= smax[0]:
+            return
+        wnuma = mask
+        for j in wset:
+            wnuma |= 1 << pf_numa[j]
+        ctx = (gset, targets, wset)
+        counts = [0] * npf
+        # States counted in a local (cheaper than the attribute in this, the hottest loop),
+        # added to `explored` on the way out; `room` is what the budget still allows.
+        room = self.limit - self.explored
+        visited = 0
+
+        def ties_lose() -> bool:
+            bt = self.best_tie
+            return bt is not None and (bt[0], bt[1], bt[2]) <= ctx
+
+        def dfs(idx: int, rem: int, cmask: int, closed: int) -> None:
+            nonlocal visited
+            visited += 1
+            if visited > room:
+                self.spend()
+            if idx == n:
+                s = self.span(cmask)
+                if s is None:
+                    return
+                a = self.aligned(gpus_after, self.open0 & ~closed)
+                key = (worst, total, s[0], crowd[0], crowd[1], -a)
+                vfms = tuple(j for j in range(npf) for _ in range(counts[j]))
+                tie = (gset, targets, wset, vfms)
+                if self.best_key is None or (key, tie) < (self.best_key, self.best_tie):
+                    self.best_key, self.best_tie = key, tie
+                    self.best = (gset, targets, wset, tuple(counts), cmask, s[1], ())
+                    if self.any_feasible:
+                        raise _Found
+                return
+            if self._loses(worst, total,
+                           lambda: (self.span(cmask | snuma[idx]) or (None,))[0], crowd,
+                           lambda: self.aligned(gpus_after,
+                                                self.open0 & ~(closed | sclosed[idx])),
+                           ties_lose):
+                return
+            j = order[idx]
+            top = min(tmax[j], rem - smin[idx + 1])
+            bottom = max(tmin[j], rem - smax[idx + 1])
+            bit = 1 << pf_numa[j]
+            for t in range(top, bottom - 1, -1):
+                counts[j] = t
+                dfs(idx + 1, rem - t, cmask | bit if t else cmask,
+                    closed | (1 << j) if t >= rvf[j] else closed)
+            counts[j] = 0
+
+        try:
+            # PFs taken whole leave no free VF behind.
+            dfs(0, sp.vfs, wnuma, paired_whole_mask | wmask_pf)
         finally:
             self.explored += visited
 

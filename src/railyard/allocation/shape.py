@@ -284,14 +284,15 @@ def free_state(shape: NodeShape, ledger: Ledger, signature: Sequence) -> FreeSta
     npools = len(shape.pool_names)
     # Used VFs that were never offered (vfio, held) do not reduce the offered count.
     odd = [0] * len(shape.pfs)
-    odd_pool = [[0] * len(shape.pfs) for _ in range(npools)]
+    odd_pool = [[0] * len(shape.pfs) for _ in range(npools)] if npools > 1 else [odd]
     if shape.nonallocatable_vfs:
         for v in ledger.used_vfs:
             j = shape.nonallocatable_vfs.get(v)
             if j is not None:
                 odd[j] += 1
-                odd_pool[shape.pool_of_vf[v]][j] += 1
-    pools = [[0] * len(shape.pfs) for _ in range(npools)]
+                if npools > 1:
+                    odd_pool[shape.pool_of_vf[v]][j] += 1
+    pools = [[0] * len(shape.pfs) for _ in range(npools)] if npools > 1 else []
     for j, n in enumerate(shape.pfs):
         a = n.pci_address
         used = ledger.vfs_used_on(a)
