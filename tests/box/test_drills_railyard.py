@@ -1,12 +1,16 @@
 """Drills on Railyard in the box (`with_railyard=True`): its agent restarted under a pod being
-created, its extender killed mid-run, a PF losing its link, and pods of different shapes sharing a
+created, its extender killed mid-run and mid-burst, a PF losing its link, kubelet and the agent
+restarted under a running pod, the API server restarted, a pod deleted mid-admission, CNI DEL
+after an agent restart, the node state folder lost, and pods of different shapes sharing a
 node — each on the real kube-scheduler, kubelet and containerd. One box of their own: the drills
 restart and break things the other box tests rely on."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import shutil
 import signal
 import time
 import urllib.request
@@ -16,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from railyard.allocation.types import Allocation
+from railyard.kubelet.podresources import AssignedPod, PodResourcesClient
+from railyard.node.state import PodRecord, StateStore
 from railyard.records.allocation import decode_allocation
 from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
 
@@ -128,6 +134,41 @@ def agent_serving(box) -> bool:
     """The agent's CNI socket is back and kubelet sees its devices again."""
     allocatable = get(box, "node", kubebox.NODE_NAME)["status"].get("allocatable", {})
     return box.cni_socket.exists() and int(allocatable.get("railyard.dev/vf", "0")) > 0
+
+
+def state_dir(box) -> Path:
+    return box.layout.dir / "railyard-state"
+
+
+def agent_records(box) -> dict[str, PodRecord]:
+    """The agent's node state, read from its folder."""
+    return {r.uid: r for r in StateStore(state_dir(box)).all()}
+
+
+def kubelet_assigned(box, ns: str) -> dict[str, AssignedPod]:
+    """Kubelet's PodResources `List`, by pod name, for the namespace."""
+    socket = str(box.layout.kubelet_dir / "pod-resources/kubelet.sock")
+    listed = asyncio.run(PodResourcesClient(socket).list())
+    return {a.name: a for a in listed if a.namespace == ns}
+
+
+def registrations(box) -> int:
+    """How many times kubelet has registered one of the agent's plugins (its log says each;
+    in the box kubelet finds them through its plugin watcher)."""
+    log = box.layout.dir / "logs" / "railyard-agent.log"
+    return log.read_text(errors="replace").count("registered through the plugin watcher")
+
+
+def uid_of(box, ns: str, name: str) -> str:
+    return get(box, "pod", name, "-n", ns)["metadata"]["uid"]
+
+
+def disjoint(box, ns: str, names: Collection[str]) -> None:
+    """No device is in two of these pods' records."""
+    everything = {name: devices(allocation_of(box, ns, name)) for name in names}
+    for name, mine in everything.items():
+        others = set().union(*(d for n, d in everything.items() if n != name))
+        assert not mine & others, (name, mine & others)
 
 
 def test_agent_restarted_between_allocate_and_the_cni_add_gives_the_pod_exactly_its_vfs(
@@ -281,3 +322,187 @@ def test_a_four_by_four_pod_and_a_vf_only_pod_share_the_node(railyard_box, ns):
     assert len(four.all_gpus) == 4 and len(four.vfs) == 4
     assert not vfs.all_gpus and len(vfs.vfs) == 2
     assert not devices(four) & devices(vfs)
+
+
+def test_a_running_pod_survives_kubelet_and_agent_restarts_with_its_devices(railyard_box, ns):
+    """kubelet is restarted with the device-plugin sockets wiped (as a node reboot of kubelet
+    leaves them), then the agent: the running pod is not admitted again (no
+    UnexpectedAdmissionError), its container is the same, and every account of its devices —
+    its record, kubelet's PodResources, the agent's node state — is unchanged."""
+    box = railyard_box
+    apply(box, ns, sleeping("steady", gpus=2, vfs=2))
+    running(box, ns, "steady")
+    held = allocation_of(box, ns, "steady")
+    uid = uid_of(box, ns, "steady")
+    container = get(box, "pod", "steady", "-n", ns)["status"]["containerStatuses"][0]
+    assigned = kubelet_assigned(box, ns)["steady"].containers
+    registered = registrations(box)
+    assert registered >= 3, registered  # GPUs, VFs, PFs
+
+    box.restart("kubelet")  # removes kubelet's device-plugin sockets before it starts again
+    wait_for("the agent's plugins registered with the new kubelet",
+             lambda: registrations(box) >= registered + 3, timeout=90)
+    box.restart("railyard-agent")
+    wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+
+    now = get(box, "pod", "steady", "-n", ns)["status"]
+    assert now["phase"] == "Running"
+    same = now["containerStatuses"][0]
+    assert (same["containerID"], same["restartCount"]) == (container["containerID"], 0)
+    assert not events(box, ns, "steady", "UnexpectedAdmissionError")
+    assert allocation_of(box, ns, "steady") == held
+    assert kubelet_assigned(box, ns)["steady"].containers == assigned
+    record = wait_for("the agent's record", lambda: agent_records(box).get(uid), timeout=30)
+    assert devices(record.allocation) == devices(held)
+    moved = {v.netdev for v in held.vfs}
+    assert not moved & set(host_macs(box)), "a VF of the running pod came back to the host"
+
+    apply(box, ns, sleeping("next", gpus=2, vfs=2))
+    running(box, ns, "next")
+    disjoint(box, ns, ["steady", "next"])
+
+
+def test_the_apiserver_restarted_under_running_pods_re_decides_nothing(railyard_box, ns):
+    """kube-apiserver goes away and comes back: the extender's and the agent's watches resume,
+    the running pod's record (and its `decidedAt`) is untouched, the extender still holds it,
+    and the next pod is placed beside it."""
+    box = railyard_box
+    apply(box, ns, sleeping("before", gpus=2, vfs=2))
+    running(box, ns, "before")
+    held = allocation_of(box, ns, "before")
+    uid = uid_of(box, ns, "before")
+
+    box.restart("kube-apiserver")
+    apply(box, ns, sleeping("after", gpus=2, vfs=2))
+    running(box, ns, "after", timeout=180)
+
+    assert allocation_of(box, ns, "before") == held
+    holding = {p["uid"]: p for p in holdings(box)}
+    assert decode_allocation(json.dumps(holding[uid]["allocation"])) == held
+    disjoint(box, ns, ["before", "after"])
+    assert phase(box, ns, "before") == "Running"
+
+
+def test_a_pod_deleted_mid_admission_gives_every_device_back(railyard_box, ns):
+    """Held between kubelet's Allocate and the CNI ADD (the agent's CNI socket moved aside, as
+    in the agent-restart drill), the pod is deleted. Its devices go back everywhere: the
+    extender's ledger, the agent's state, kubelet — a pod asking for the whole node (8 GPUs,
+    16 VFs) then runs, and no VF was left outside the host."""
+    box = railyard_box
+    before = host_macs(box)
+    aside = Path(f"{box.cni_socket}.aside")
+    kubebox.run(box.on_node(["mv", str(box.cni_socket), str(aside)]))
+    try:
+        apply(box, ns, sleeping("doomed", gpus=2, vfs=2))
+        message = wait_for("the sandbox's ADD to find no CNI service",
+                           lambda: events(box, ns, "doomed", "FailedCreatePodSandBox"), timeout=90)
+        assert "railyard CNI service unreachable" in message, message
+        uid = uid_of(box, ns, "doomed")
+        assert uid in {p["uid"] for p in holdings(box)}
+        box.kubectl("delete", "pod", "doomed", "-n", ns, "--wait=false")
+    finally:
+        kubebox.run(box.on_node(["mv", str(aside), str(box.cni_socket)]))
+    wait_for("the pod to be gone", lambda: not get(box, "pods", "-n", ns)["items"], timeout=120)
+    wait_for("the extender to free it", lambda: uid not in {p["uid"] for p in holdings(box)},
+             timeout=30)
+    wait_for("the agent to forget it", lambda: uid not in agent_records(box), timeout=60)
+
+    apply(box, ns, sleeping("everything", gpus=8, vfs=16))
+    running(box, ns, "everything")
+    box.kubectl("delete", "pod", "everything", "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for("every VF back in the host as it was",
+             lambda: {n: host_macs(box).get(n) for n in before} == before, timeout=60)
+
+
+def test_cni_del_after_an_agent_restart_puts_the_vfs_back(railyard_box, ns):
+    """The CNI service lives in the agent: a DEL that reaches a restarted agent still puts the
+    pod's VFs back under their names and MACs (the attachment records are on disk)."""
+    box = railyard_box
+    before = host_macs(box)
+    apply(box, ns, sleeping("moved", vfs=2))
+    running(box, ns, "moved")
+    vfs = {v.netdev for v in allocation_of(box, ns, "moved").vfs}
+    assert len(vfs) == 2 and not vfs & set(host_macs(box))
+
+    box.restart("railyard-agent")
+    wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+    box.kubectl("delete", "pod", "moved", "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for("the VFs back in the host", lambda: {n: host_macs(box).get(n) for n in vfs} == {
+        n: before[n] for n in vfs}, timeout=60)
+
+
+def test_the_node_state_folder_lost_is_rebuilt_and_says_what_it_could_not(railyard_box, ns):
+    """The agent stops, its state folder goes (pod records and the CNI's attachment records),
+    it starts again: the running pod's record comes back from kubelet's PodResources and the
+    API, and a Warning Event on the Node names the pod and says its VFs have no attachment
+    record. Kubelet, the record and the extender still agree; the next pod gets other
+    devices. (The attachment records are put back before the pod goes: in the box a VF is a
+    veth, which dies with the pod's namespace unless DEL brings it home.)"""
+    box = railyard_box
+    told_before = {e["metadata"]["name"] for e in node_events(box)}
+    apply(box, ns, sleeping("survivor", gpus=2, vfs=2))
+    running(box, ns, "survivor")
+    held = allocation_of(box, ns, "survivor")
+    uid = uid_of(box, ns, "survivor")
+    lost = state_dir(box).with_name("railyard-state.lost")
+    box.stop("railyard-agent")
+    state_dir(box).rename(lost)
+    try:
+        box.restart("railyard-agent")
+        wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+        record = wait_for("the rebuilt record", lambda: agent_records(box).get(uid), timeout=60)
+        assert devices(record.allocation) == devices(held)
+        told = wait_for("the Node's RailyardNodeStateRebuilt event", lambda: node_told(
+            box, "RailyardNodeStateRebuilt", told_before), timeout=60)
+        assert f"{ns}/survivor" in told and "no CNI attachment record of the NICs of" in told
+        assert allocation_of(box, ns, "survivor") == held
+        assigned = kubelet_assigned(box, ns)["survivor"]
+        assert set(assigned.ids("railyard.dev/vf")) == {v.pci_address for v in held.vfs}
+
+        apply(box, ns, sleeping("newcomer", gpus=2, vfs=2))
+        running(box, ns, "newcomer")
+        disjoint(box, ns, ["survivor", "newcomer"])
+    finally:
+        box.stop("railyard-agent")
+        shutil.copytree(lost / "cni", state_dir(box) / "cni", dirs_exist_ok=True)
+        shutil.rmtree(lost)
+        box.restart("railyard-agent")
+        wait_for("the agent to serve again", lambda: agent_serving(box), timeout=90)
+
+
+def test_extender_killed_mid_burst_of_binds_loses_no_bind_and_holds_nothing_twice(
+        railyard_box, ns):
+    """20 one-VF pods at once for 16 VFs; the extender is killed with SIGKILL as soon as the
+    first of them is bound, and started again. kube-scheduler retries what failed: exactly 16
+    run, 4 stay Pending, every bound pod's record is in the restarted extender's ledger, and
+    no VF is in two records."""
+    box = railyard_box
+    names = [f"burst-{i:02d}" for i in range(20)]
+    items = [sleeping(name, vfs=1) for name in names]
+    box.kubectl("apply", "-n", ns, "-f", "-",
+                input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+    def bound() -> list[str]:
+        return [p["metadata"]["name"] for p in get(box, "pods", "-n", ns)["items"]
+                if p["spec"].get("nodeName")]
+
+    wait_for("the first bind of the burst", bound, timeout=60, every=0.1)
+    entry = next(s for s in box.state.started if s.name == "railyard-scheduler")
+    os.kill(entry.pid, signal.SIGKILL)
+    at_kill = len(bound())
+    wait_for("the extender to die", lambda: not kubebox._alive(entry.pid), timeout=10)
+    box.restart("railyard-scheduler")
+
+    wait_for("16 pods to run", lambda: sum(
+        phase(box, ns, n) == "Running" for n in names) == 16, timeout=240, every=2)
+    time.sleep(5)  # nothing more is bound: there is no VF left
+    placed = bound()
+    assert len(placed) == 16, f"{len(placed)} bound ({at_kill} when the extender was killed)"
+    disjoint(box, ns, placed)
+    held = {p["name"]: p for p in holdings(box) if p["namespace"] == ns}
+    assert set(held) == set(placed)
+    for name in placed:
+        record = decode_allocation(json.dumps(held[name]["allocation"]))
+        assert record == allocation_of(box, ns, name)
+    for name in set(names) - set(placed):
+        assert phase(box, ns, name) == "Pending"
