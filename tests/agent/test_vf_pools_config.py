@@ -114,3 +114,25 @@ def test_kinds_and_ids_follow_the_pools():
         NicRef("vf", pf.vfs[1].pci_address, pf.pci_address, 1, None, None, east)))
     assert ids_of(a, "vf") == (pf.vfs[0].pci_address,)
     assert ids_of(a, east) == (pf.vfs[1].pci_address,)
+
+
+def test_a_vf_in_two_pools_stops_railyard_agent_with_one_line_and_exit_code_2(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from support.agent import make_tree, write_pods
+
+    tree = make_tree(tmp_path / "root")
+    write_pods(tmp_path / "p.json", [])
+    (tmp_path / "c.json").write_text(json.dumps({"vfPools": [
+        {"resourceName": "vf"}, {"resourceName": "vf-b", "selectors": {"pfNames": [PF1]}}]}))
+    r = subprocess.run([sys.executable, "-m", "railyard.cli.main", "agent", "--node-name",
+                        "node-a", "--pods-file", str(tmp_path / "p.json"), "--config",
+                        str(tmp_path / "c.json"), "--sysfs-root", str(tree), "--state-dir",
+                        str(tmp_path / "s"), "--kubelet-dir", str(tmp_path / "k")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("railyard: error: vfPools: VF ") and "Traceback" not in r.stderr
+    assert "railyard.dev/vf and selector 0 of railyard.dev/vf-b" in last

@@ -99,6 +99,8 @@ def agent(
 
     try:
         asyncio.run(main())
+    except ConfigError as e:  # what only the node's devices reveal (a VF in two pools)
+        fail(str(e))
     except PodSourceError as e:
         fail(f"cannot read this node's pods: {e}", code=1)
     except (SysfsError, StateError, PluginError, OSError) as e:
