@@ -58,6 +58,7 @@ from railyard.kubelet.resolver import (
     ids_of,
     kind_of,
     kind_of_nic,
+    kinds_of,
     match_allocate,
 )
 from railyard.kubelet.response import (
@@ -105,10 +106,9 @@ class Admission:
         self.pair_map = pair_map
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
-        self.devices = NodeDevices(topology, self.index, names, frozenset())
-        self.served = frozenset(served if served is not None else self.devices.kinds)
+        self.kinds = kinds_of(names)  # GPUs, every VF pool, PFs
+        self.served = frozenset(served if served is not None else self.kinds)
         self.devices = NodeDevices(topology, self.index, names, self.served)
-        self.kinds = self.devices.kinds  # GPUs, every VF pool, PFs
         # What GetPreferredAllocation just answered, per resource: (uid, container, IDs).
         self._hint: dict[str, tuple[str, str, frozenset[str]]] = {}
         # One decision at a time: `preferred` runs in a worker thread, `allocate` and `check`
