@@ -115,6 +115,15 @@ def test_kubelets_creation_order_decides_not_what_the_records_say():
     assert cands[2].expected == (near_vf(0),)
 
 
+def test_pods_created_in_the_same_second_keep_the_order_they_were_delivered_in():
+    # Kubelet admits a batch by creation time, to the second, and keeps the order its watch
+    # delivered pods in on a tie; the agent's pods source delivers them in the same order.
+    pods = _views(*(pod(uid, {"c": {VF: 1}}, created="2026-01-01T00:00:00Z")
+                    for uid in ("zeta", "alpha", "mid")))
+    assert [c.pod.uid for c in candidates(pods, {}, NODE, NAMES, VF, 1)] == [
+        "zeta", "alpha", "mid"]
+
+
 def test_two_records_naming_the_same_devices_do_not_decide_which_pod_is_served():
     # A record copied from another pod's: the exact match no longer singles one out, so the
     # pod GetPreferredAllocation planned for is served, else kubelet's (creation) order.

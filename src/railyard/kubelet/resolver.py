@@ -95,9 +95,12 @@ def recorded(pod: PodView, records: Mapping[str, PodRecord]) -> tuple[Allocation
 def _order(c: Candidate) -> tuple:
     # Kubelet admits one pod at a time, calling every plugin for each of its containers
     # before it starts the next pod: a pod with some devices allocated and some not is the
-    # one being admitted. Then the API server's creation time and the pod's name: facts the
-    # pod author cannot choose (the store's `consumed` is the node's own).
-    return (not c.admitting, c.pod.created or "~", c.pod.namespace, c.pod.name)
+    # one being admitted. Then the API server's creation time, a fact the pod author cannot
+    # choose (the store's `consumed` is the node's own). It is to the second: pods created
+    # together tie, and keep the order the pods source delivered them in (the sort is
+    # stable) — from the API, the order they were bound to this node, which is the order
+    # kubelet's own watch receives them in and so admits them within one creation second.
+    return (not c.admitting, c.pod.created or "~")
 
 
 def reusable(pod: PodView, rec: PodRecord | None, resource: str,
