@@ -27,7 +27,7 @@ def discover(
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="NAME",
         help="Show a built-in hardware profile instead of discovering (dgx-h100, dgx-a100, "
-             "hgx-h100-4nic, mi300x, cpu-rdma, generic).")] = None,
+             "hgx-h100-4nic, mi300x, cpu-rdma, generic, gb300-dd, xe8640).")] = None,
     vfs_per_pf: Annotated[int | None, typer.Option(
         "--vfs-per-pf", metavar="N", help="VFs per compute PF, with --profile (default 8).")
     ] = None,

@@ -29,6 +29,7 @@ from railyard.discovery.sysfs import (
     parse_meminfo_total_bytes,
     parse_nvidia_uuid,
     parse_port_state,
+    parse_vpd_keyword,
     read_attribute,
     routing_id,
 )
@@ -44,6 +45,14 @@ from railyard.topology.model import (
 )
 
 GPU_VENDORS = frozenset({"0x10de", "0x1002"})  # NVIDIA, AMD
+# A NIC's Data Direct function, by vendor:device (the kernel's mlx5_ib data_direct.c table and
+# rdma-core's rdma_topo match it so): ConnectX-8's DMA engine exposed as a PCI function of its
+# own, beside a GPU, while the PF sits elsewhere. Its class code is not relied on.
+DATA_DIRECT_IDS = frozenset({("0x15b3", "0x2100")})
+# The VPD-R keyword a Data Direct function shares with the PFs of its NIC (rdma_topo pairs
+# them by it): the only link between the two that sysfs shows.
+DATA_DIRECT_VPD_KEYWORD = "V3"
+_BRIDGE_CLASS = 0x06  # base class of every bridge: never a Data Direct function
 _GPU_CLASSES = frozenset({0x03, 0x12})  # display controller, processing accelerator
 _NETWORK_CLASS = 0x02
 # PCI-to-PCI bridge (0x0604) and semi-transparent PCI-to-PCI bridge (0x0609).
@@ -111,6 +120,7 @@ class _Reader:
         self._paths: dict[str, PciePath | None] = {}
         self._numa_cpus: list[tuple[int, frozenset[int]]] = []
         self._pf_netdevs: dict[str, list[str]] = {}  # every netdev in each PF's net/ folder
+        self._vf_addresses: set[str] = set()
 
     def run(self) -> Discovery:
         fs = self.fs
@@ -119,14 +129,17 @@ class _Reader:
         self._pci_functions()
         gpu_rows = self._gpus()
         nic_rows = self._nics()
+        via = self._data_direct([n for n, _, _ in nic_rows])
         routed = self._default_route_netdevs()
         nics = tuple(
-            _with_default_route(nic, self._pf_netdevs.get(nic.pci_address, []), routed)
+            replace(_with_default_route(nic, self._pf_netdevs.get(nic.pci_address, []), routed),
+                    data_direct=via[nic.pci_address][0] if nic.pci_address in via else None)
             for nic, _, _ in nic_rows
         )
         gpu_paths = {g.pci_address: (path, place) for g, path, place in gpu_rows}
         nic_paths = {n.pci_address: (path, place) for n, path, place in nic_rows}
-        distance = distances_for(gpu_paths, nic_paths)
+        distance = distances_for(gpu_paths, nic_paths,
+                                 {n: (path, place) for n, (_, path, place) in via.items()})
         topology = NodeTopology(
             node=self._hostname(),
             numa_nodes=numa_nodes,
@@ -361,6 +374,7 @@ class _Reader:
                 continue
             if os.path.lexists(f"{f.dir}/physfn"):
                 vf_functions[f.address] = f
+                self._vf_addresses.add(f.address)
                 entries[f.address] = None
                 continue
             try:
@@ -511,6 +525,66 @@ class _Reader:
                                      rdma_device),
         )
         return nic, path, place
+
+    # ------------------------------------------------------------------ Data Direct
+
+    def _data_direct(self, nics: list[Nic]) -> dict[str, tuple[str, PciePath, int | None]]:
+        """NIC (PF address) → (its Data Direct function, that function's path, NUMA node).
+
+        A Data Direct function and the PFs of its NIC carry the same `V3` keyword in their VPD
+        (`vpd`, readable by root only), as rdma-core's rdma_topo pairs them; nothing else in
+        sysfs links them (the kernel pairs them by firmware query). Reading VPD is slow on
+        some devices, so PFs are read only on a node that has a Data Direct function.
+        """
+        fs = self.fs
+        found: list[_Function] = []
+        for f in self.functions.values():
+            if f.address in self._vf_addresses or (f.pci_class >> 16) == _BRIDGE_CLASS:
+                continue
+            vendor = fs.read(f"{f.dir}/vendor", optional=True)
+            if vendor is None or vendor.lower() != "0x15b3":
+                continue
+            device = (fs.read(f"{f.dir}/device", optional=True) or "").lower()
+            if (vendor.lower(), device) in DATA_DIRECT_IDS:
+                found.append(f)
+        if not found:
+            return {}
+        by_key: dict[str, _Function] = {}
+        for f in found:
+            key = self._vpd_keyword(f.dir)
+            if key is None:
+                fs.warn(f"{f.dir}/vpd", f"Data Direct function without a VPD "
+                                        f"{DATA_DIRECT_VPD_KEYWORD} keyword: the NIC it serves "
+                                        "is unknown; GPU distances leave it out")
+            elif key in by_key:
+                fs.warn(f"{f.dir}/vpd", f"Data Direct function with the same VPD "
+                                        f"{DATA_DIRECT_VPD_KEYWORD} as {by_key[key].address}; "
+                                        "left out")
+            else:
+                by_key[key] = f
+        out: dict[str, tuple[str, PciePath, int | None]] = {}
+        served: set[str] = set()
+        for nic in nics:
+            folder = self.functions[nic.pci_address].dir
+            key = self._vpd_keyword(folder)
+            dd = by_key.get(key) if key is not None else None
+            if dd is None:
+                continue
+            path = self._pcie_path(dd.dir)
+            if path is None:
+                continue
+            out[nic.pci_address] = (dd.address, path, self._placement(dd.dir)[1])
+            served.add(dd.address)
+        for f in by_key.values():
+            if f.address not in served:
+                fs.warn(f.dir, f"Data Direct function whose VPD {DATA_DIRECT_VPD_KEYWORD} "
+                               "matches no RDMA PF: left out")
+        return out
+
+    def _vpd_keyword(self, folder: str) -> str | None:
+        """The function's VPD keyword; absent VPD is normal, unreadable VPD (not root) warns."""
+        data = self.fs.read_bytes(f"{folder}/vpd", optional=True)
+        return parse_vpd_keyword(data, DATA_DIRECT_VPD_KEYWORD) if data is not None else None
 
     def _port(self, rdma_dir: str) -> tuple[str | None, str | None, str | None]:
         """Link layer, state and rate of the RDMA device's first port."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from railyard.discovery.profiles import (
     DEFAULT_VFS_PER_PF,
     MAX_VFS_PER_PF,
+    DataDirectSpec,
     GpuSpec,
     NicSpec,
     PlacedFunction,
@@ -55,6 +56,15 @@ class _Tree:
     def _write(self, path: str, text: str) -> None:
         data = (text if text.endswith("\n") or not text else text + "\n").encode()
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+    def binary(self, rel: str, data: bytes) -> None:
+        path = self.abs(rel)
+        self.mkdir(os.path.dirname(path))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # vpd: root only
         try:
             os.write(fd, data)
         finally:
@@ -130,6 +140,8 @@ class _Writer:
             if isinstance(f.spec, GpuSpec):
                 self._gpu(f, f.spec, gpu_minor)
                 gpu_minor += f.spec.vendor == "0x10de"
+            elif isinstance(f.spec, DataDirectSpec):
+                self._data_direct(f, f.spec)
             else:
                 self._nic(f, f.spec)
         self._loopback()
@@ -246,11 +258,19 @@ class _Writer:
                 "GPU Excluded:\t No",
             ]))
 
+    def _data_direct(self, f: PlacedFunction, s: DataDirectSpec) -> None:
+        """A Data Direct function: a PCI function with VPD, no netdev and no RDMA device."""
+        folder = self._folder(f.path.root_complex, f.path.bridges, f.address)
+        self._pci_function(folder, f.address, s.vendor, s.device, s.pci_class, f.numa, s.driver)
+        self.t.binary(f"{folder}/vpd", vpd_bytes("ConnectX-8 Data Direct", {"V3": s.vpd_v3}))
+
     # -------------------------------------------------------------------------- NICs
 
     def _nic(self, f: PlacedFunction, s: NicSpec) -> None:
         folder = self._folder(f.path.root_complex, f.path.bridges, f.address)
         self._pci_function(folder, f.address, s.vendor, s.device, s.pci_class, f.numa, s.driver)
+        if s.vpd_v3 is not None:
+            self.t.binary(f"{folder}/vpd", vpd_bytes("ConnectX-8 SuperNIC", {"V3": s.vpd_v3}))
         vfs = vfs_of(f, self.vfs_per_pf)
         if s.compute and s.total_vfs > 0:
             self.t.files(folder, {
@@ -323,6 +343,22 @@ class _Writer:
                              "dev": f"{UVERBS_MAJOR}:{UVERBS_MINOR_BASE + n}"})
         self.t.link(f"{verbs}/device", folder)
         self.t.link(f"sys/class/infiniband_verbs/{uverbs}", verbs)
+
+
+def vpd_bytes(name: str, keywords: dict[str, str]) -> bytes:
+    """PCI VPD as a function's `vpd` file holds it: the identifier string, a VPD-R section
+    with `keywords` and the `RV` checksum keyword (all bytes so far sum to 0), the end tag."""
+    ident = name.encode("ascii")
+    out = bytearray([0x82, *len(ident).to_bytes(2, "little"), *ident])
+    body = bytearray()
+    for key, value in keywords.items():
+        data = value.encode("ascii")
+        body += key.encode("ascii") + bytes([len(data)]) + data
+    body += b"RV\x01"  # one byte of checksum follows
+    out += bytes([0x90, *(len(body) + 1).to_bytes(2, "little")]) + body
+    out.append((-sum(out)) & 0xFF)
+    out.append(0x78)
+    return bytes(out)
 
 
 def _guid(rid: int) -> str:

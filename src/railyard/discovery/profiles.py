@@ -60,6 +60,24 @@ class NicSpec:
     compute: bool = False  # compute NICs get VFs; storage and management NICs do not
     total_vfs: int = MAX_VFS_PER_PF
     default_route: bool = False
+    # The VPD `V3` keyword (one per card, shared by its PFs and its Data Direct function);
+    # None: the fixture writes no `vpd` file.
+    vpd_v3: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DataDirectSpec:
+    """A NIC's Data Direct function (ConnectX-8, 15b3:2100): the card's DMA engine as a PCI
+    function of its own, placed beside a GPU; `vpd_v3` names the card (its PFs' `vpd_v3`)."""
+
+    bus: int
+    vpd_v3: str
+    vendor: str = "0x15b3"
+    device: str = "0x2100"
+    # Not relied on by discovery (it matches vendor:device); a DMA function reports no
+    # network class of its own in what we could read, so the fixture says "other".
+    pci_class: str = "0x088000"
+    driver: str = "mlx5_ib"  # the kernel's data_direct.c is part of mlx5_ib
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,14 +85,14 @@ class SwitchSpec:
     """A PCIe switch: upstream port on `bus`, downstream ports on `bus + 1`."""
 
     bus: int
-    children: tuple[GpuSpec | NicSpec | SwitchSpec, ...]
+    children: tuple[GpuSpec | NicSpec | DataDirectSpec | SwitchSpec, ...]
     vendor: str = "0x1000"
     device: str = "0xc030"
 
 
 # What sits below a root port or a switch port.
-Child = GpuSpec | NicSpec | SwitchSpec
-_S = TypeVar("_S", GpuSpec, NicSpec)
+Child = GpuSpec | NicSpec | DataDirectSpec | SwitchSpec
+_S = TypeVar("_S", GpuSpec, NicSpec, DataDirectSpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +101,7 @@ class RootSpec:
 
     bus: int
     numa: int
-    children: tuple[GpuSpec | NicSpec | SwitchSpec, ...]
+    children: tuple[GpuSpec | NicSpec | DataDirectSpec | SwitchSpec, ...]
     domain: int = 0
 
 
@@ -109,7 +127,7 @@ class PlacedFunction:
     address: str
     path: PciePath
     numa: int
-    spec: GpuSpec | NicSpec
+    spec: GpuSpec | NicSpec | DataDirectSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +280,7 @@ def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
         )
         for i, (f, g) in enumerate(_specs(gpu_funcs, GpuSpec))
     )
+    via = data_direct_of(lay)
     nics = []
     for f, s in _specs(nic_funcs, NicSpec):
         vfs = tuple(
@@ -275,21 +294,31 @@ def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
             pcie_root=f.path.root_complex, switch=f.path.nearest_switch,
             total_vfs=s.total_vfs if s.compute else 0, vfs=vfs,
             uverbs=names.uverbs[f.address], default_route=s.default_route,
+            data_direct=via[f.address].address if f.address in via else None,
         ))
     distance = distances_for(
         {f.address: (f.path, f.numa) for f in gpu_funcs},
         {f.address: (f.path, f.numa) for f in nic_funcs},
+        {n: (d.path, d.numa) for n, d in via.items()},
     )
     numa = tuple(NumaNode(i, n.cpus, n.memory_bytes) for i, n in enumerate(spec.numa))
     return NodeTopology(node or spec.hostname, numa, gpus, tuple(nics), distance)
 
 
+def data_direct_of(lay: Layout) -> dict[str, PlacedFunction]:
+    """RDMA PF address → the Data Direct function with the same VPD `V3` (discovery's rule)."""
+    dd = {s.vpd_v3: f for f, s in _specs(lay.functions, DataDirectSpec)}
+    return {f.address: dd[s.vpd_v3] for f, s in _specs(lay.functions, NicSpec)
+            if s.rdma_device and s.vpd_v3 is not None and s.vpd_v3 in dd}
+
+
 def device_paths(spec: ProfileSpec) -> dict[str, tuple[PciePath, int | None]]:
     """Each GPU's and RDMA PF's PCIe path and NUMA node: what `build_topology` measures its
-    distances from, and what discovery reports for the profile's fake tree
-    (`Discovery.paths`)."""
+    distances from (with the Data Direct functions' paths), and what discovery reports for the
+    profile's fake tree (`Discovery.paths`)."""
     return {f.address: (f.path, f.numa) for f in layout(spec).functions
-            if isinstance(f.spec, GpuSpec) or f.spec.rdma_device}
+            if isinstance(f.spec, GpuSpec)
+            or (isinstance(f.spec, NicSpec) and f.spec.rdma_device)}
 
 
 # --------------------------------------------------------------------------- profiles
@@ -489,8 +518,77 @@ GENERIC = ProfileSpec(
     ),
 )
 
+
+# ConnectX-8's own PCIe switch (rdma_topo calls its ports `cx_switch`, 15b3:197c).
+_CX8_SWITCH = {"vendor": "0x15b3", "device": "0x197c"}
+_GRACE_NUMA = (NumaSpec("0-71", 480 * GiB), NumaSpec("72-143", 480 * GiB))
+
+
+def _gb300_complex(i: int) -> tuple[RootSpec, RootSpec]:
+    """GPU i with ConnectX-8 i, as rdma_topo expects a Data Direct complex: on one Grace root
+    port, the card's switch holds the Data Direct function and, one switch further down, the
+    GPU (GPU ↔ Data Direct: PXB); the card's PF hangs off a root port of another PCI segment
+    of the same Grace (GPU ↔ PF alone: NODE)."""
+    numa = i // 2
+    v3 = str(uuid.uuid5(_UUID_NAMESPACE, f"gb300-dd/cx8-{i}")).replace("-", "")
+    gpu_segment = RootSpec(0x00, numa, (
+        SwitchSpec(0x01, (
+            DataDirectSpec(0x03, vpd_v3=v3),
+            SwitchSpec(0x04, (GpuSpec(0x06, device="0x31c2"),), **_CX8_SWITCH),
+        ), **_CX8_SWITCH),
+    ), domain=0x0008 + (i % 2) + 0x10 * numa)
+    nic_segment = RootSpec(0x00, numa, (
+        SwitchSpec(0x01, (
+            NicSpec(bus=0x03, netdev=f"ibP{0x0001 + 2 * (i % 2) + 0x10 * numa:x}p3s0",
+                    rdma_device=f"mlx5_{i}", device="0x1023", rate="800 Gb/sec (4X XDR)",
+                    compute=True, vpd_v3=v3),
+        ), **_CX8_SWITCH),
+    ), domain=0x0001 + 2 * (i % 2) + 0x10 * numa)
+    return gpu_segment, nic_segment
+
+
+GB300_DD = ProfileSpec(
+    name="gb300-dd",
+    hostname="gb300-dd",
+    description="GB300-like compute tray: 2 Grace, 4 GPUs, 4 ConnectX-8 800G whose PFs sit on "
+                "other PCI segments than the GPUs; each reaches its GPU through a Data Direct "
+                "function under the GPU's switch (PXB)",
+    numa=_GRACE_NUMA,
+    roots=(
+        RootSpec(0x00, 0, (_mgmt(0x02),), domain=0x0004),
+        *(segment for i in range(4) for segment in _gb300_complex(i)),
+    ),
+)
+
+
+def _xe8640_port(root: int, numa: int, nic_bus: int, rdma: str) -> RootSpec:
+    return RootSpec(root, numa, (_roce(nic_bus, rdma),))
+
+
+# Dell PowerEdge XE8640-like: 4 × H100 SXM5 on CPU root ports, 4 × 400G RoCE NICs in PCIe
+# slots. Only GPU 0 shares a PCIe switch with a NIC; the others reach theirs across root
+# complexes (NODE) or sockets (SYS).
+XE8640 = ProfileSpec(
+    name="xe8640",
+    hostname="xe8640",
+    description="Dell XE8640-like: 4 H100 SXM5, 4 ConnectX-7 400G RoCE; only GPU0 shares a "
+                "PCIe switch with a NIC (PIX), the rest are NODE from the nearest NIC",
+    numa=(NumaSpec("0-47,96-143", TiB), NumaSpec("48-95,144-191", TiB)),
+    roots=(
+        RootSpec(0x00, 0, (_mgmt(0x02),)),
+        RootSpec(0x15, 0, (SwitchSpec(0x16, (_roce(0x18, "mlx5_0"), GpuSpec(0x19))),)),
+        RootSpec(0x38, 0, (GpuSpec(0x39),)),
+        _xe8640_port(0x4a, 0, 0x4b, "mlx5_1"),
+        RootSpec(0x97, 1, (GpuSpec(0x98),)),
+        _xe8640_port(0xa8, 1, 0xa9, "mlx5_2"),
+        RootSpec(0xb8, 1, (GpuSpec(0xb9),)),
+        _xe8640_port(0xc9, 1, 0xca, "mlx5_3"),
+    ),
+)
+
 PROFILES: dict[str, ProfileSpec] = {
-    p.name: p for p in (DGX_H100, DGX_A100, HGX_H100_4NIC, MI300X, CPU_RDMA, GENERIC)
+    p.name: p for p in (DGX_H100, DGX_A100, HGX_H100_4NIC, MI300X, CPU_RDMA, GENERIC, GB300_DD,
+                        XE8640)
 }
 
 

@@ -98,6 +98,16 @@ class Sysfs:
             self._fail(path, exc, optional)
             return None
 
+    def read_bytes(self, path: str, *, optional: bool = False,
+                   limit: int = 32768) -> bytes | None:
+        """A binary attribute (a function's `vpd`), at most `limit` bytes (PCI VPD is ≤ 32 KiB)."""
+        try:
+            with open(path, "rb") as f:
+                return f.read(limit)
+        except OSError as exc:
+            self._fail(path, exc, optional)
+            return None
+
     def read_text(self, path: str, *, optional: bool = False) -> str | None:
         """A whole procfs file of any size."""
         try:
@@ -197,6 +207,50 @@ def parse_port_state(text: str) -> str:
     """`4: ACTIVE` → `ACTIVE` (sysfs prints the number, then the name)."""
     _, sep, name = text.partition(":")
     return name.strip() if sep else text.strip()
+
+
+# PCI Vital Product Data resource tags (PCI Local Bus 3.0 §6.4, PCIe Base §6.28).
+_VPD_LARGE = 0x80  # large resource: tag byte, 16-bit little-endian length
+_VPD_READ_ONLY = 0x90  # VPD-R, the read-only keyword list
+_VPD_ENDS = frozenset({0x78, 0x79})  # small / large end tag
+
+
+def parse_vpd_keyword(data: bytes, keyword: str) -> str | None:
+    """The value of `keyword` (two ASCII letters, `V3`) in a function's VPD-R section; None when
+    the data holds no such keyword, is cut short or is not ASCII. Any bytes are safe input."""
+    want = keyword.encode("ascii")
+    at = 0
+    while at < len(data):
+        tag = data[at]
+        if tag in _VPD_ENDS:
+            return None
+        if tag & _VPD_LARGE:
+            if at + 3 > len(data):
+                return None
+            length = int.from_bytes(data[at + 1:at + 3], "little")
+            body_at = at + 3
+        else:
+            length = tag & 0x07
+            body_at = at + 1
+        body = data[body_at:body_at + length]
+        if len(body) < length:
+            return None
+        if tag == _VPD_READ_ONLY:
+            k = 0
+            while k + 3 <= len(body):
+                size = body[k + 2]
+                value = body[k + 3:k + 3 + size]
+                if len(value) < size:
+                    break
+                if body[k:k + 2] == want:
+                    try:
+                        text = value.decode("ascii").strip("\x00 ")
+                    except UnicodeDecodeError:
+                        return None
+                    return text or None
+                k += 3 + size
+        at = body_at + length
+    return None
 
 
 def parent_pcie_parts(devices_dir: str, parent_dir: str) -> tuple[str, list[str]] | None:

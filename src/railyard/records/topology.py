@@ -55,7 +55,7 @@ def topology_to_json(t: NodeTopology) -> dict[str, Any]:
 
 
 def _nic_to_json(n: Nic) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "pciAddress": n.pci_address,
         "rdmaDevice": n.rdma_device,
         "netdev": n.netdev,
@@ -71,6 +71,9 @@ def _nic_to_json(n: Nic) -> dict[str, Any]:
         "defaultRoute": n.default_route,
         "vfs": [_vf_to_json(v) for v in n.vfs],
     }
+    if n.data_direct is not None:  # absent: no Data Direct function, as before (decision 0086)
+        out["dataDirect"] = n.data_direct
+    return out
 
 
 def _vf_to_json(v: Vf) -> dict[str, Any]:
@@ -156,6 +159,7 @@ def _nic_from_json(o: Fields) -> Nic:
         vfs=vfs,
         uverbs=o.string_or_null("uverbs"),
         default_route=o.boolean("defaultRoute", False),
+        data_direct=o.pci_address("dataDirect") if o.get("dataDirect") is not None else None,
     )
 
 

@@ -179,6 +179,11 @@ class Nic:
     uverbs: str | None = None
     # A PF whose netdev carries the node's default route is never handed to a pod.
     default_route: bool = False
+    # The PCI address of the Data Direct function this NIC's DMA goes through (ConnectX-8
+    # "Data Direct", 15b3:2100), which sits elsewhere in the PCIe tree than the PF itself,
+    # typically beside a GPU; None for a NIC without one. Its GPU distances are measured from
+    # that function as well (`distances_for`; docs/decisions/0086).
+    data_direct: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,9 +247,25 @@ class NodeTopology:
 def distances_for(
     gpus: dict[str, tuple[PciePath, int | None]],
     nics: dict[str, tuple[PciePath, int | None]],
+    data_direct: dict[str, tuple[PciePath, int | None]] | None = None,
 ) -> dict[str, dict[str, Distance]]:
-    """The GPU × NIC distance table from each function's PCIe path and placement NUMA node."""
+    """The GPU × NIC distance table from each function's PCIe path and placement NUMA node.
+
+    `data_direct` maps a NIC (PF address) to the path of its Data Direct function: the NIC's
+    DMA to and from GPU memory enters the PCIe tree there, so a GPU's class to that NIC is the
+    nearer of the PF's and the Data Direct function's. NCCL does the same: it lists such a NIC
+    with the Data Direct function's sysfs path as its PCI path (`<dev>_dma`, NCCL_IB_DATA_DIRECT).
+    """
+    via = data_direct or {}
+
+    def nearest(gp: PciePath, gn: int | None, n: str, np_: PciePath, nn: int | None) -> Distance:
+        d = pcie_distance(gp, np_, gn, nn)
+        if n in via:
+            dp, dn = via[n]
+            d = min(d, pcie_distance(gp, dp, gn, dn))
+        return d
+
     return {
-        g: {n: pcie_distance(gp, np_, gn, nn) for n, (np_, nn) in nics.items()}
+        g: {n: nearest(gp, gn, n, np_, nn) for n, (np_, nn) in nics.items()}
         for g, (gp, gn) in gpus.items()
     }
