@@ -20,7 +20,7 @@ import logging
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
@@ -29,12 +29,13 @@ from aiohttp import web
 
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.allocation.types import Infeasible
+from railyard.records.logline import decision_line
 from railyard.scheduler import metrics as m
 from railyard.scheduler.access import AdminToken, client_certificates
 from railyard.scheduler.cluster_file import BoundPod, pod_to_json
 from railyard.scheduler.connections import GuardedSite, HttpLimits, read_body, refusals
 from railyard.scheduler.metrics import Metrics
-from railyard.scheduler.state import ClusterState, NeedsSearch
+from railyard.scheduler.state import ClusterState, FilterOutcome, NeedsSearch
 from railyard.scheduler.state_file import StateFile
 from railyard.scheduler.wire import (
     ExtenderArgs,
@@ -130,6 +131,16 @@ def _filter_reply(*, nodes: Any = None, names: list[str] | None = None,
                   unresolvable: dict[str, str] | None = None, error: str = "") -> web.Response:
     return _json({"Nodes": nodes, "NodeNames": names, "FailedNodes": failed or {},
                   "FailedAndUnresolvableNodes": unresolvable or {}, "Error": error})
+
+
+def filter_line(facts: PodFacts, asked: int, out: FilterOutcome) -> str:
+    """A filter's one line: how many of the nodes asked about fit, how many are blocked or
+    unresolvable, and the commonest reason among those that do not fit."""
+    reasons = Counter([*out.failed.values(), *out.unresolvable.values()])
+    why = reasons.most_common(1)[0][0] if reasons else None
+    return decision_line("filter", pod=f"{facts.namespace}/{facts.name}", uid=facts.uid,
+                         nodes=asked, fit=len(out.fits), blocked=len(out.failed),
+                         unresolvable=len(out.unresolvable), why=why)
 
 
 class Extender:
@@ -243,6 +254,8 @@ class Extender:
             self.metrics.failure("filter", m.UNKNOWN_NODE, unknown)
             self.metrics.failure("filter", m.UNRESOLVABLE, len(out.unresolvable) - unknown)
         self.metrics.failure("filter", m.BLOCKED, len(out.failed))
+        if log.isEnabledFor(logging.DEBUG):  # per pod, never per node: filter is the hot path
+            log.debug("%s", filter_line(facts, len(names), out))
         if args.NodeNames is not None:
             return _filter_reply(names=out.fits, failed=out.failed,
                                  unresolvable=out.unresolvable)
@@ -300,9 +313,27 @@ class Extender:
             except WireError as e:
                 self.metrics.failure("bind", m.BAD_REQUEST)
                 return _json({"Error": str(e)})
-            return _json({"Error": await self.bind_pod(args)})
+            error = await self.bind_pod(args)
+            self._log_bind(args, error)
+            return _json({"Error": error})
         finally:
             self.metrics.latency["bind"].observe(time.perf_counter() - t0)
+
+    def _log_bind(self, args: ExtenderBindingArgs, error: str) -> None:
+        """The bind's one line (docs/observability.md): the pod's devices, or why not."""
+        if not log.isEnabledFor(logging.INFO):
+            return
+        pod = f"{args.PodNamespace}/{args.PodName}"
+        if error:
+            log.info("%s", decision_line("bind", outcome="refused", pod=pod, uid=args.PodUID,
+                                         node=args.Node, why=error))
+            return
+        held = self.state.pod(args.PodUID)
+        log.info("%s", decision_line("bind", outcome="bound", pod=pod, uid=args.PodUID,
+                                     node=args.Node,
+                                     allocation=held.allocation if held else None,
+                                     why=None if held and held.allocation else
+                                     "no Railyard devices asked for"))
 
     async def bind_pod(self, args: ExtenderBindingArgs) -> str:
         """Bind one pod; the empty string on success, else the error for kube-scheduler."""
