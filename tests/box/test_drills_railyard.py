@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -506,3 +507,21 @@ def test_extender_killed_mid_burst_of_binds_loses_no_bind_and_holds_nothing_twic
         assert record == allocation_of(box, ns, name)
     for name in set(names) - set(placed):
         assert phase(box, ns, name) == "Pending"
+
+
+def test_the_extenders_port_frees_nothing_and_a_pod_without_devices_binds(railyard_box, ns):
+    """With the API as the source of pods, `DELETE /pods/<uid>` does not exist: whoever
+    reaches the extender's port cannot free a running pod's devices (issue 19, class 6). A pod
+    asking for no Railyard device is bound like any other."""
+    box = railyard_box
+    apply(box, ns, sleeping("owner", gpus=1, vfs=1))
+    apply(box, ns, sleeping("plain"))
+    running(box, ns, "owner", "plain")
+    uid = uid_of(box, ns, "owner")
+    url = f"http://{box.layout.node_ip}:{kubebox.EXTENDER_PORT}/pods/{uid}"
+    request = urllib.request.Request(url, method="DELETE")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 404
+    assert uid in {p["uid"] for p in holdings(box)}
+    assert phase(box, ns, "owner") == "Running"

@@ -24,7 +24,8 @@ from support.box import (
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
-SHOW = "env | sort; ip -o link; ls /dev/infiniband"
+SHOW = ("env | sort; ip -o link; ls /dev/infiniband; "
+        "echo '<pairs>'; cat /run/railyard/pairs.json; echo '</pairs>'")
 
 
 @pytest.fixture(scope="module", params=[("dgx-h100", "chained"), ("hgx-h100-4nic", "chained"),
@@ -84,6 +85,15 @@ def test_one_decision_honoured_at_every_hop(railyard_box):
     assert [p["gpu"]["pciAddress"] for p in pairs] == [
         pair.gpu.pci_address for pair in allocation.pairs]
     assert [p["nic"]["pciAddress"] for p in pairs] == [v.pci_address for v in vfs]
+
+    assert env["UCX_NET_DEVICES"] == ",".join(f"{v.rdma_device}:1" for v in vfs)
+    # The pair file the agent mounted: the same pairs, and the names the CNI gave the VFs.
+    mounted = json.loads(log.split("<pairs>", 1)[1].split("</pairs>", 1)[0])
+    assert mounted["pod"]["name"] == "train" and mounted["container"] == "main"
+    assert [(p["gpu"]["pciAddress"], p["nic"]["pciAddress"], p["nic"]["podNetdev"])
+            for p in mounted["pairs"]] == [
+        (pair.gpu.pci_address, pair.nic.pci_address, name)
+        for pair, name in zip(allocation.pairs, ("net1", "net1-1"), strict=True)]
 
     # Inside the pod: the VFs, named by pair order, each with its own host MAC.
     inside = {line.split(":")[1].strip().split("@")[0]: line for line in log.splitlines()
