@@ -26,6 +26,7 @@ from pathlib import Path
 import msgspec
 
 from railyard.agent.config import AgentConfig, ConfigError
+from railyard.cni.metrics import CniMetrics
 from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.events import NORMAL, WARNING, EventSender, event_body, event_time
 from railyard.kube.nodetopology import path_of, publish
@@ -46,6 +47,7 @@ from railyard.kubelet.inventory import (
     assign_pools,
     offered_devices,
 )
+from railyard.kubelet.metrics import AgentMetrics, MetricsServer
 from railyard.kubelet.pairmap import PAIRS_FILE
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
@@ -89,6 +91,8 @@ class AgentOptions:
     kubelet_dir: str = KUBELET_DIR
     state_dir: str = STATE_DIR
     cni_socket: str | None = None
+    # HOST:PORT of /metrics (docs/observability.md); None: not served.
+    metrics_listen: tuple[str, int] | None = None
 
 
 class Agent:
@@ -137,6 +141,10 @@ class Agent:
         self.events = EventSender(kube) if kube is not None else None
         self.health_changes: HealthChanges | None = None
         self._node_uid: str | None = None
+        # Prometheus metrics (the CNI service's join its registry); served on
+        # `metrics_listen` from start to stop.
+        self.metrics = AgentMetrics()
+        self.metrics_server: MetricsServer | None = None
 
     # ------------------------------------------------------------------ start / stop
 
@@ -189,11 +197,14 @@ class Agent:
         self.admission = Admission(self.topology, self.store, self.pods, names,
                                    offered=self._healthy_offered,
                                    on_allocated=self._after_allocate,
-                                   served=tuple(self.lists), pair_map=self.config.pair_map)
+                                   served=tuple(self.lists), pair_map=self.config.pair_map,
+                                   observer=self.metrics)
+        self.metrics.devices(self.options.node_name, self._device_status)
         await self._scan_health()
         for kind, listed in self.lists.items():
             resource = self.admission.resource_of(kind)
-            self.endpoints[kind] = PluginEndpoint(resource, listed, self.admission, self.paths)
+            self.endpoints[kind] = PluginEndpoint(resource, listed, self.admission, self.paths,
+                                                  self.metrics)
             log.info("%s: %d devices offered", resource, len(listed.devices))
         watched = {ep.folder for ep in self.endpoints.values()}
         if not self.paths.watcher_mode:
@@ -212,6 +223,7 @@ class Agent:
             asyncio.create_task(self._gc_loop(), name="gc"),
         ]
         await self._start_cni()
+        await self._serve_metrics()
         if self.kube is not None:
             if not await self.publish_topology():
                 self._report.set()  # the loop tries again
@@ -234,6 +246,8 @@ class Agent:
                     await t
         for ep in self.endpoints.values():
             await ep.stop()
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()
         await asyncio.to_thread(self.store.close)
         if self.events is not None and self.events.pending:  # a last health change's Event
             await asyncio.wait(self.events.pending, timeout=EVENTS_DRAIN_S)
@@ -269,9 +283,23 @@ class Agent:
         plugin = cni_service.build_plugin(
             self.options.state_dir, sysfs_root=self.options.sysfs_root, store=self.store,
             device_info_dir=self.config.cni_devinfo_dir,
-            pod_resources_socket=self.paths.pod_resources_socket, pods=self.pods)
+            pod_resources_socket=self.paths.pod_resources_socket, pods=self.pods,
+            metrics=CniMetrics(self.metrics.registry))
         self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
         log.info("CNI service on %s", path)
+
+    async def _serve_metrics(self) -> None:
+        listen = self.options.metrics_listen
+        if listen is None:
+            return
+        server = MetricsServer(self.metrics.registry, *listen)
+        await server.start()
+        self.metrics_server = server
+        log.info("metrics on http://%s:%d/metrics", server.host, server.port)
+
+    def _device_status(self) -> NodeTopologyStatus | None:
+        """What the device gauges read at a scrape: the status the NodeTopology reports."""
+        return self.node_status() if self.admission is not None else None
 
     # ------------------------------------------------------------------ registration
 

@@ -45,6 +45,11 @@ def agent(
     cni_socket: Annotated[str | None, typer.Option(
         "--cni-socket", metavar="PATH",
         help="Also serve the CNI service on this unix socket, in this process.")] = None,
+    metrics_listen: Annotated[str | None, typer.Option(
+        "--metrics-listen", metavar="HOST:PORT",
+        help="Serve Prometheus metrics (the agent's and its CNI service's) at "
+             "http://HOST:PORT/metrics; ':PORT' listens on every interface. Off when not "
+             "given (docs/observability.md).")] = None,
     log_level: Annotated[str, typer.Option(
         "--log-level", metavar="LEVEL",
         help="debug, info, warning or error.")] = "info",
@@ -56,6 +61,7 @@ def agent(
 
     from railyard.agent.agent import Agent, AgentOptions, run_until_stopped
     from railyard.agent.config import ConfigError, load_config
+    from railyard.cli.scheduler import parse_listen
     from railyard.discovery.sysfs import SysfsError
     from railyard.kube.client import Client
     from railyard.kube.config import KubeConfigError, load
@@ -72,6 +78,11 @@ def agent(
         fail("--pods-file and --kubeconfig: give one (the pods come from one source)")
     check_kube_limits(kube_qps, kube_burst)
     try:
+        metrics_at = (parse_listen(metrics_listen, "--metrics-listen")
+                      if metrics_listen is not None else None)
+    except ValueError as e:
+        fail(str(e))
+    try:
         cfg = load_config(config)
         kube = None
         if pods_file is None:
@@ -84,7 +95,7 @@ def agent(
         node_agent = Agent(
             AgentOptions(node_name=node_name, sysfs_root=str(sysfs_root),
                          kubelet_dir=str(kubelet_dir), state_dir=str(state_dir),
-                         cni_socket=cni_socket),
+                         cni_socket=cni_socket, metrics_listen=metrics_at),
             PodsFile(pods_file, cfg.resources) if pods_file is not None else None, cfg,
             kube=kube)
     except (ConfigError, StateError) as e:

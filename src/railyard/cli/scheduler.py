@@ -34,12 +34,12 @@ class LeaderElection:
     retry_period_s: float
 
 
-def parse_listen(text: str) -> tuple[str, int]:
+def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     """`HOST:PORT`, `:PORT` (all interfaces) or `[v6addr]:PORT`."""
     host, sep, port_text = text.rpartition(":")
     if (not sep or not port_text.isascii() or not port_text.isdigit() or len(port_text) > 5
             or not 0 <= int(port_text) <= 65535):
-        raise ValueError(f"--listen {text!r}: expected HOST:PORT with a port 0..65535")
+        raise ValueError(f"{option} {text!r}: expected HOST:PORT with a port 0..65535")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port_text)
 

@@ -26,6 +26,7 @@ from railyard.cni.grants import (
     StoreGrants,
     default_node_name,
 )
+from railyard.cni.metrics import CniMetrics
 from railyard.cni.plugin import Plugin, Reply, Settings
 from railyard.cni.rdma import RdmaNetlink, RdmaNetns
 from railyard.cni.shim import (
@@ -51,7 +52,7 @@ def build_plugin(state_dir: str | os.PathLike[str], *, sysfs_root: str | os.Path
                  rdma: RdmaNetns | None = None,
                  pod_resources_socket: str | os.PathLike[str] | None = POD_RESOURCES_SOCKET,
                  store: StateStore | None = None, node: str | None = None,
-                 pods: LivePods | None = None) -> Plugin:
+                 pods: LivePods | None = None, metrics: CniMetrics | None = None) -> Plugin:
     """The plugin over the node state store in `state_dir` (the agent's `--state-dir`).
 
     Only records for `node` grant anything: default the store's own node (the agent builds
@@ -59,7 +60,7 @@ def build_plugin(state_dir: str | os.PathLike[str], *, sysfs_root: str | os.Path
     namespace/name lookup off records of pods known to be gone.
     """
     store = store or StateStore(state_dir)
-    return Plugin(
+    plugin = Plugin(
         os.fspath(state_dir),
         StoreGrants(store, node or store.node or default_node_name(), pods=pods),
         rdma or RdmaNetlink(),
@@ -68,6 +69,8 @@ def build_plugin(state_dir: str | os.PathLike[str], *, sysfs_root: str | os.Path
         pod_devices=(KubeletPodResources(os.fspath(pod_resources_socket))
                      if pod_resources_socket else None),
     )
+    plugin.metrics = metrics  # calls by command and outcome (docs/observability.md)
+    return plugin
 
 
 class _Handler(socketserver.BaseRequestHandler):

@@ -38,6 +38,14 @@ from railyard.kubelet.decision import (
     decide_allocate,
     partners,
 )
+from railyard.kubelet.outcome import (
+    NODE,
+    RECORD,
+    UNMATCHED,
+    AdmissionObserver,
+    Admitted,
+    Corrected,
+)
 from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
 from railyard.kubelet.pairmap import (
     DEFAULT_PAIR_MAP,
@@ -92,7 +100,8 @@ class Admission:
                  clock: Callable[[], str] = utc_now,
                  on_allocated: AfterAllocate | None = None,
                  served: Iterable[Kind] | None = None,
-                 pair_map: PairMapOptions = DEFAULT_PAIR_MAP) -> None:
+                 pair_map: PairMapOptions = DEFAULT_PAIR_MAP,
+                 observer: AdmissionObserver | None = None) -> None:
         self.topology = topology
         self.node = topology.node
         self.store = store
@@ -104,6 +113,7 @@ class Admission:
         self.clock = clock
         self.on_allocated = on_allocated
         self.pair_map = pair_map
+        self.observer = observer  # counts what `_said` logs (the agent's metrics)
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
         self.kinds = kinds_of(names)  # GPUs, every VF pool, PFs
@@ -116,6 +126,15 @@ class Admission:
         self._deciding = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
+
+    def _said(self, what: Admitted | Corrected) -> None:
+        """A decision's one log line (docs/observability.md), and its count."""
+        log.info("%s", what.line())
+        if self.observer is not None:
+            if isinstance(what, Admitted):
+                self.observer.admitted(what)
+            else:
+                self.observer.corrected(what)
 
     def resource_of(self, kind: Kind) -> str:
         return self.devices.resource_of(kind)
@@ -356,6 +375,8 @@ class Admission:
             log.warning("%s: Allocate of %s matches no pending pod on %s; answering for the "
                         "devices alone", resource, ids, self.node)
             grant = self._grant(kind, resource, ids, None)
+            self._said(Admitted(self.node, resource, tuple(ids), UNMATCHED,
+                                why="no pending pod of this node matches"))
             if self.on_allocated is not None:
                 self.on_allocated(None, grant)
             return grant
@@ -366,6 +387,7 @@ class Admission:
         pod = c.pod
         rec = records.get(pod.uid)
         base = c.allocation
+        planned = base is None
         if base is None:
             base = self._plan(c, records, kind, ids)
             rec = self.store.get(pod.uid)
@@ -375,6 +397,17 @@ class Admission:
             log.warning("%s", warning)
         self.store.put(self._key(pod), decision.allocation, consumed=decision.consumed)
         grant = self._grant_for(decision, kind, resource, ids, pod, c.container)
+        # The node decided: now (no usable record, kubelet gave other devices) or in an
+        # earlier call (GetPreferredAllocation's plan, another container's Allocate).
+        by_node = planned or bool(decision.warnings) or base.decided_by == "node"
+        why = ("; ".join(decision.warnings) if decision.warnings else
+               c.record_error or pod.allocation_error or (
+                   "no recorded allocation (it bypassed the scheduler)"
+                   if pod.allocation is None else "the node's record from an earlier call")
+               if by_node else None)
+        self._said(Admitted(self.node, resource, tuple(ids), NODE if by_node else RECORD,
+                            f"{pod.namespace}/{pod.name}", pod.uid, c.container,
+                            decision.allocation, why))
         if self.on_allocated is not None:
             self.on_allocated(pod, grant)
         return grant
@@ -516,6 +549,8 @@ class Admission:
             warn(f"{pod}: kubelet assigned {dict(actual)}, which differs from the record; "
                  f"the node's record now holds what kubelet assigned (decidedBy: node)")
             self.store.put(self._key(pod), new)
+            self._said(Corrected(self.node, f"{pod.namespace}/{pod.name}", pod.uid, new,
+                                 f"kubelet assigned {dict(actual)}"))
         elif rec is None:
             self.store.put(self._key(pod), base)  # type: ignore[arg-type]
         for cname, r, noted in notes:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,8 +25,11 @@ from railyard.kubelet.api import deviceplugin_pb2_grpc as pb_grpc
 from railyard.kubelet.api import pluginregistration_pb2 as reg_pb
 from railyard.kubelet.api import pluginregistration_pb2_grpc as reg_grpc
 from railyard.kubelet.inventory import HEALTHY, UNHEALTHY, PluginDevice
+from railyard.kubelet.metrics import ALLOCATE, PREFERRED, AgentMetrics
+from railyard.kubelet.outcome import REFUSED
 from railyard.kubelet.podresources import unix_target
 from railyard.kubelet.response import ContainerGrant
+from railyard.records.logline import decision_line
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +121,12 @@ def grant_to_pb(g: ContainerGrant) -> pb.ContainerAllocateResponse:
 
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
-    def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler) -> None:
+    def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler,
+                 metrics: AgentMetrics | None = None) -> None:
         self.resource = resource
         self.devices = devices
         self.handler = handler
+        self.metrics = metrics
 
     async def GetDevicePluginOptions(self, request: pb.Empty,
                                      context: Context[pb.Empty, pb.DevicePluginOptions]
@@ -142,6 +148,7 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             context: Context[pb.PreferredAllocationRequest, pb.PreferredAllocationResponse]
     ) -> pb.PreferredAllocationResponse:
         out = pb.PreferredAllocationResponse()
+        t0 = time.perf_counter()
         for c in request.container_requests:
             try:
                 await self.handler.catch_up(self.resource, c.allocation_size)
@@ -156,6 +163,8 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                               self.resource)
                 ids = list(c.must_include_deviceIDs)
             out.container_responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        if self.metrics is not None:
+            self.metrics.observe(PREFERRED, self.resource, time.perf_counter() - t0)
         return out
 
     async def Allocate(self, request: pb.AllocateRequest,
@@ -163,16 +172,31 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
                        ) -> pb.AllocateResponse:
         out = pb.AllocateResponse()
         known = self.devices.ids()
+        t0 = time.perf_counter()
         for c in request.container_requests:
             ids = list(c.devices_ids)
             unknown = [i for i in ids if i not in known]
             if unknown:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                    f"{self.resource}: unknown device IDs {unknown}")
+                why = f"{self.resource}: unknown device IDs {unknown}"
+                self._refused(ids, why)
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
             await self.handler.catch_up(self.resource, len(set(ids)))
-            out.container_responses.append(grant_to_pb(self.handler.allocate(self.resource,
-                                                                              ids)))
+            try:
+                grant = self.handler.allocate(self.resource, ids)
+            except Exception as e:
+                self._refused(ids, f"{type(e).__name__}: {e}")
+                raise
+            out.container_responses.append(grant_to_pb(grant))
+        if self.metrics is not None:
+            self.metrics.observe(ALLOCATE, self.resource, time.perf_counter() - t0)
         return out
+
+    def _refused(self, ids: list[str], why: str) -> None:
+        """A refused Allocate's one line (docs/observability.md) and its count."""
+        log.info("%s", decision_line("admit", outcome=REFUSED, resource=self.resource,
+                                     devices=",".join(ids), why=why))
+        if self.metrics is not None:
+            self.metrics.refused(self.resource)
 
     async def PreStartContainer(
             self, request: pb.PreStartContainerRequest,
@@ -245,8 +269,9 @@ class PluginEndpoint:
     """Serves one resource's plugin and keeps it registered across kubelet restarts."""
 
     def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler,
-                 paths: KubeletPaths) -> None:
+                 paths: KubeletPaths, metrics: AgentMetrics | None = None) -> None:
         self.resource = resource
+        self.metrics = metrics
         self.devices = devices
         self.handler = handler
         self.paths = paths
@@ -276,7 +301,8 @@ class PluginEndpoint:
                               f"{MAX_SOCKET_PATH} bytes; use a shorter --kubelet-dir")
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(self.resource, self.devices, self.handler), server)
+            DevicePluginServicer(self.resource, self.devices, self.handler, self.metrics),
+            server)
         if self.watcher_mode:
             self._registration = WatcherRegistration(self.resource, self.socket_path)
             reg_grpc.add_RegistrationServicer_to_server(self._registration, server)
