@@ -22,7 +22,7 @@ def _lines(caplog: pytest.LogCaptureFixture, decision: str) -> list[str]:
 def test_add_and_del_each_say_the_pod_and_the_devices_moved_and_are_counted(
         node: Node, shim, conf, service, caplog):
     caplog.set_level(logging.INFO, logger="railyard.cni")
-    metrics = service.server.plugin.metrics = CniMetrics()
+    metrics = service.server.plugin.metrics = CniMetrics("node-a")
     nics = node.vfs(2)
     host_names = [node.netdev_of(n) for n in nics]
     pod = node.pod(nics, name="trainer")
@@ -37,20 +37,22 @@ def test_add_and_del_each_say_the_pod_and_the_devices_moved_and_are_counted(
     assert moved in added and " ifname=net1 network=rdma" in added
     assert first.startswith("decision=del outcome=ok") and moved in first
     assert "moved=" not in second
-    r = metrics.registry.get_sample_value
-    assert r("railyard_cni_requests_total", {"command": "ADD", "outcome": "ok"}) == 1
-    assert r("railyard_cni_requests_total", {"command": "DEL", "outcome": "ok"}) == 2
-    assert r("railyard_cni_request_duration_seconds_count", {"command": "ADD"}) == 1
+    def r(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, {"node": "node-a", **labels})
+
+    assert r("railyard_cni_requests_total", command="ADD", outcome="ok") == 1
+    assert r("railyard_cni_requests_total", command="DEL", outcome="ok") == 2
+    assert r("railyard_cni_request_duration_seconds_count", command="ADD") == 1
 
 
 def test_a_failed_add_says_why(node: Node, shim, conf, service, caplog):
     caplog.set_level(logging.INFO, logger="railyard.cni")
-    metrics = service.server.plugin.metrics = CniMetrics()
+    metrics = service.server.plugin.metrics = CniMetrics("node-a")
     (nic,) = node.vfs(1)
     pod = node.pod([nic])
     bad = conf(ifname=7)  # not an interface name
     assert add(shim, pod, bad).code != 0
     [line] = _lines(caplog, "add")
     assert line.startswith("decision=add outcome=error") and 'why="code ' in line
-    assert metrics.registry.get_sample_value(
-        "railyard_cni_requests_total", {"command": "ADD", "outcome": "error"}) == 1
+    assert metrics.registry.get_sample_value("railyard_cni_requests_total", {
+        "node": "node-a", "command": "ADD", "outcome": "error"}) == 1

@@ -24,7 +24,7 @@ def _lines(caplog: pytest.LogCaptureFixture, decision: str) -> list[str]:
 
 
 def _value(r, name: str, **labels: str) -> float:
-    return r.agent.metrics.registry.get_sample_value(name, labels) or 0.0
+    return r.agent.metrics.registry.get_sample_value(name, {"node": "node-a", **labels}) or 0.0
 
 
 @async_test
@@ -53,10 +53,8 @@ async def test_an_allocate_that_follows_the_record_says_so_once_and_counts(tmp_p
         assert _value(r, "railyard_agent_kubelet_request_duration_seconds_count",
                       method="GetPreferredAllocation", resource=GPU) == 1
         # The device gauges read the status the NodeTopology reports: 2 GPUs held.
-        assert _value(r, "railyard_agent_devices", node="node-a", kind="gpu",
-                      state="held") == 2
-        assert _value(r, "railyard_agent_devices", node="node-a", kind="gpu",
-                      state="free") == 0
+        assert _value(r, "railyard_agent_devices", kind="gpu", state="held") == 2
+        assert _value(r, "railyard_agent_devices", kind="gpu", state="free") == 0
 
 
 @async_test

@@ -143,7 +143,7 @@ class Agent:
         self._node_uid: str | None = None
         # Prometheus metrics (the CNI service's join its registry); served on
         # `metrics_listen` from start to stop.
-        self.metrics = AgentMetrics()
+        self.metrics = AgentMetrics(options.node_name)
         self.metrics_server: MetricsServer | None = None
 
     # ------------------------------------------------------------------ start / stop
@@ -199,7 +199,7 @@ class Agent:
                                    on_allocated=self._after_allocate,
                                    served=tuple(self.lists), pair_map=self.config.pair_map,
                                    observer=self.metrics)
-        self.metrics.devices(self.options.node_name, self._device_status)
+        self.metrics.devices(self._device_status)
         await self._scan_health()
         for kind, listed in self.lists.items():
             resource = self.admission.resource_of(kind)
@@ -284,7 +284,7 @@ class Agent:
             self.options.state_dir, sysfs_root=self.options.sysfs_root, store=self.store,
             device_info_dir=self.config.cni_devinfo_dir,
             pod_resources_socket=self.paths.pod_resources_socket, pods=self.pods,
-            metrics=CniMetrics(self.metrics.registry))
+            metrics=CniMetrics(self.options.node_name, self.metrics.registry))
         self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
         log.info("CNI service on %s", path)
 

@@ -4,8 +4,9 @@ Named as the extender's are (`railyard.scheduler.metrics`), under `railyard_agen
 owns its registry (tests run many in one process). The device gauges are read when scraped,
 from the same status the NodeTopology reports (`kubelet.report.node_status`), so they cannot
 disagree with it; the counters are fed by `Admission` (an `AdmissionObserver`) and the
-plugins' servicer. Labels are fixed small vocabularies: kind, state, outcome, method and the
-resource name.
+plugins' servicer. Every series carries `node` (the agent's own: a dashboard filters by it
+without relabelling); the other labels are small fixed vocabularies: kind, state, outcome,
+method and the resource name.
 """
 
 from __future__ import annotations
@@ -64,36 +65,37 @@ class DeviceGauges(Collector):
 class AgentMetrics:
     """The agent's registry; `devices(...)` adds the scrape-time gauges once it can count."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, node: str, registry: CollectorRegistry | None = None) -> None:
+        self.node = node
         self.registry = registry if registry is not None else CollectorRegistry()
         self._admissions = Counter(
             "railyard_agent_admissions",
             "Allocate calls by outcome: record (kubelet's IDs are the record's), node (the "
             "node decided), unmatched (no pending pod matched), refused (the call failed).",
-            ["resource", "outcome"], registry=self.registry)
+            ["node", "resource", "outcome"], registry=self.registry)
         self._corrections = Counter(
             "railyard_agent_node_truth_corrections",
             "Records the PodResources check rewrote to what kubelet really assigned "
-            "(decidedBy: node).", registry=self.registry)
+            "(decidedBy: node).", ["node"], registry=self.registry)
         self._latency = Histogram(
             "railyard_agent_kubelet_request_duration_seconds",
             "Time to answer one of kubelet's device plugin calls, by method and resource.",
-            ["method", "resource"], buckets=_BUCKETS, registry=self.registry)
+            ["node", "method", "resource"], buckets=_BUCKETS, registry=self.registry)
 
-    def devices(self, node: str, status: Callable[[], NodeTopologyStatus | None]) -> None:
-        self.registry.register(DeviceGauges(node, status))
+    def devices(self, status: Callable[[], NodeTopologyStatus | None]) -> None:
+        self.registry.register(DeviceGauges(self.node, status))
 
     def admitted(self, a: Admitted) -> None:
-        self._admissions.labels(a.resource, a.outcome).inc()
+        self._admissions.labels(self.node, a.resource, a.outcome).inc()
 
     def refused(self, resource: str) -> None:
-        self._admissions.labels(resource, REFUSED).inc()
+        self._admissions.labels(self.node, resource, REFUSED).inc()
 
     def corrected(self, c: Corrected) -> None:
-        self._corrections.inc()
+        self._corrections.labels(self.node).inc()
 
     def observe(self, method: str, resource: str, seconds: float) -> None:
-        self._latency.labels(method, resource).observe(seconds)
+        self._latency.labels(self.node, method, resource).observe(seconds)
 
 
 
