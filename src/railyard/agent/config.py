@@ -17,7 +17,8 @@ Example (JSON or YAML):
     devinfoDir: /var/run/k8s.cni.cncf.io/devinfo/dp
     cniDevinfoDir: /var/run/k8s.cni.cncf.io/devinfo/cni   # the in-process CNI service's
     healthIntervalS: 1
-    pairMap: {ncclGpuNicAffinity: false, podIfname: net1}   # docs/pair-map.md
+    pairMap: {ncclGpuNicAffinity: false, podIfname: net1, podIfnameScheme: sequential}
+    # docs/pair-map.md; podIfnameScheme: gpu-index when the CNI config says so (docs/cni.md)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.kubelet.pairmap import DEFAULT_PAIR_MAP, PairMapOptions
 from railyard.kubelet.selectors import PfName, Selector
-from railyard.node.ifnames import ifname_problem
+from railyard.node.ifnames import IFNAME_SCHEMES, ifname_problem
 from railyard.node.paths import CNI_DEVINFO_DIR, DEVINFO_DIR
 from railyard.records.fields import FieldError, Fields
 
@@ -296,7 +297,7 @@ _POD_IFNAME_BYTES = 12
 
 
 def _pair_map(f: Fields) -> PairMapOptions:
-    f.only(("ncclGpuNicAffinity", "podIfname"))
+    f.only(("ncclGpuNicAffinity", "podIfname", "podIfnameScheme"))
     ifname = f.string("podIfname", nonempty=True, default=DEFAULT_PAIR_MAP.pod_ifname,
                       what="an interface name")
     if ifname_problem(ifname, _POD_IFNAME_BYTES) is not None:
@@ -306,7 +307,10 @@ def _pair_map(f: Fields) -> PairMapOptions:
     return PairMapOptions(
         nccl_gpu_nic_affinity=f.boolean("ncclGpuNicAffinity",
                                         DEFAULT_PAIR_MAP.nccl_gpu_nic_affinity),
-        pod_ifname=ifname)
+        pod_ifname=ifname,
+        # The CNI's `ifnameScheme` (railyard.node.ifnames), which the pair file must follow.
+        pod_ifname_scheme=f.one_of("podIfnameScheme", IFNAME_SCHEMES)
+        if "podIfnameScheme" in f else DEFAULT_PAIR_MAP.pod_ifname_scheme)
 
 
 def load_config(path: str | os.PathLike[str] | None) -> AgentConfig:

@@ -56,7 +56,8 @@ def add(node: NodeContext, call: Call, conf: NetConf) -> dict:
             return build_result(conf.version, conf.prev_result, [], [])
         nics = grant.nics
         confirm(nics, grant.pod, node.pod_devices)
-        names = pair_ifnames(base, len(nics))
+        names = pair_ifnames(base, len(nics), scheme=conf.ifname_scheme,
+                             pair_indexes=grant.pair_indexes)
         taken = {i.get("name") for i in (conf.prev_result or {}).get("interfaces") or []
                  if isinstance(i, dict)}
         clash = [n for n in names if n in taken]

@@ -21,6 +21,7 @@ from typing import Protocol
 
 from railyard.allocation.types import NicRef
 from railyard.cni.spec import CniError, Code, PodArgs
+from railyard.node.ifnames import nic_pair_indexes
 from railyard.node.paths import POD_RESOURCES_SOCKET
 from railyard.node.state import PodRecord, StateError, StateStore, is_pod_uid
 
@@ -34,10 +35,14 @@ def default_node_name() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """A pod's NICs on this node in pair order, and the pod as the node's record names it."""
+    """A pod's NICs on this node in pair order, and the pod as the node's record names it.
+
+    `pair_indexes`: for each NIC, the index of the first pair holding it (None: paired with no
+    GPU), which the `gpu-index` interface names follow; None: every NIC is its own pair's."""
 
     pod: PodArgs
     nics: tuple[NicRef, ...]
+    pair_indexes: tuple[int | None, ...] | None = None
 
 
 class Grants(Protocol):
@@ -109,7 +114,8 @@ class StoreGrants:
                            f"CNI_ARGS: pod {pod.namespace}/{pod.name} does not match the node's "
                            f"record for UID {rec.pod.uid} ({rec.pod.namespace}/{rec.pod.name})")
         return Grant(PodArgs(uid=rec.pod.uid, namespace=rec.pod.namespace, name=rec.pod.name,
-                             infra_container_id=pod.infra_container_id), rec.granted_nics)
+                             infra_container_id=pod.infra_container_id), rec.granted_nics,
+                     nic_pair_indexes(rec.allocation))
 
     def granted_nics(self, pod: PodArgs) -> tuple[NicRef, ...]:
         g = self.grant(pod)

@@ -17,7 +17,14 @@ from enum import IntEnum
 from typing import Any
 
 from railyard.cni.shim import LATEST_VERSION, NESTED_TOO_DEEPLY, SUPPORTED_VERSIONS
-from railyard.node.ifnames import ifname_problem, pod_ifname
+from railyard.node.ifnames import (
+    GPU_INDEX,
+    IFNAME_SCHEMES,
+    SEQUENTIAL,
+    ifname_problem,
+    pod_ifname,
+    pod_ifnames,
+)
 from railyard.records.fields import FieldError, Fields
 
 __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
@@ -115,9 +122,15 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def pair_ifnames(ifname: str, count: int) -> tuple[str, ...]:
-    """Names in pair order: the first pair's NIC takes CNI_IFNAME, pair i takes `<ifname>-<i>`
-    (`railyard.node.ifnames`, the rule the device plugin's pair map names them by too)."""
+def pair_ifnames(ifname: str, count: int, *, scheme: str = SEQUENTIAL,
+                 pair_indexes: tuple[int | None, ...] | None = None) -> tuple[str, ...]:
+    """Names of the pod's `count` NICs in their order (`railyard.node.ifnames`, the rule the
+    device plugin's pair map names them by too). `sequential`: the first NIC takes CNI_IFNAME,
+    NIC i `<ifname>-<i>`; `gpu-index`: `rdma<first pair index>`, `rdmau<j>` for unpaired ones
+    (`pair_indexes`, one per NIC; None: every NIC is its own pair's, in order)."""
+    if scheme == GPU_INDEX:
+        indexes = pair_indexes if pair_indexes is not None else tuple(range(count))
+        return pod_ifnames(indexes, GPU_INDEX)
     names = tuple(pod_ifname(ifname, i) for i in range(count))
     for n in names[1:]:
         if len(n.encode()) > 15:
@@ -273,6 +286,7 @@ class NetConf:
     state_dir: str | None = None
     device_info_file: str | None = None  # runtimeConfig.CNIDeviceInfoFile (Multus)
     valid_attachments: tuple[Attachment, ...] | None = None
+    ifname_scheme: str = SEQUENTIAL  # `ifnameScheme`: how the pod's interfaces are named
 
     def interface(self, i: int) -> InterfaceConf:
         """Settings for pair i: its `interfaces[i]` entry over the top-level defaults."""
@@ -406,6 +420,10 @@ def _netconf(version: str, data: Mapping[str, Any]) -> NetConf:
         v = f.string_or_null(key)
         if v is not None and not v.startswith("/"):
             f.fail(key, f"expected an absolute path, got {v!r}")
+    scheme = f.one_of("ifnameScheme", IFNAME_SCHEMES) if "ifnameScheme" in f else SEQUENTIAL
+    if scheme == GPU_INDEX and f.get("ifname") is not None:
+        f.fail("ifname", "names the interfaces under ifnameScheme sequential only; "
+                         "ifnameScheme gpu-index names them rdma0, rdma1, … (leave one out)")
     valid = None
     for key in (VALID_ATTACHMENTS, VALID_ATTACHMENTS_OLD):
         if key in f:
@@ -416,7 +434,7 @@ def _netconf(version: str, data: Mapping[str, Any]) -> NetConf:
         mtu=_mtu(f, "mtu"), mac=mac, interfaces=tuple(interfaces),
         prev_result=prev, standalone=standalone, state_dir=state_dir,
         device_info_file=runtime.string_or_null("CNIDeviceInfoFile"),
-        valid_attachments=valid,
+        valid_attachments=valid, ifname_scheme=scheme,
     )
 
 

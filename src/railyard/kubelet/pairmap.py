@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef
-from railyard.node.ifnames import DEFAULT_POD_IFNAME, pod_ifname
+from railyard.node.ifnames import DEFAULT_POD_IFNAME, SEQUENTIAL, allocation_ifnames
 from railyard.topology.model import Distance
 
 PAIRS_FILE = "/run/railyard/pairs.json"  # where the container finds its pair file
@@ -32,11 +32,13 @@ NCCL_AFFINITY = "NCCL_GPU_NIC_AFFINITY"
 
 @dataclass(frozen=True, slots=True)
 class PairMapOptions:
-    """The node's choices for the forms: the opt-in NCCL_GPU_NIC_AFFINITY, and the interface
-    name of the pod's Railyard attachment that the pod's netdev names derive from."""
+    """The node's choices for the forms: the opt-in NCCL_GPU_NIC_AFFINITY, and how the CNI
+    names the pod's interfaces (`railyard.node.ifnames`): the scheme, and under `sequential`
+    the interface name of the pod's Railyard attachment the names derive from."""
 
     nccl_gpu_nic_affinity: bool = False
     pod_ifname: str = DEFAULT_POD_IFNAME
+    pod_ifname_scheme: str = SEQUENTIAL
 
 
 DEFAULT_PAIR_MAP = PairMapOptions()
@@ -176,11 +178,11 @@ def pair_file_json(held: ContainerPairs, *, namespace: str, pod: str, uid: str,
                    container: str, options: PairMapOptions = DEFAULT_PAIR_MAP) -> str:
     """The pair file: one entry per pair the container holds, then its unpaired devices.
 
-    `podNetdev` is the name the CNI gives the NIC in the pod (`railyard.node.ifnames`, from
-    the NIC's position among all the pod's NICs, as the CNI counts them); `rail` is null until
-    the node knows its NICs' rails.
+    `podNetdev` is the name the CNI gives the NIC in the pod (`railyard.node.ifnames`, by the
+    scheme the node is configured with, from the NIC's place among all the pod's NICs, as the
+    CNI counts them); `rail` is null until the node knows its NICs' rails.
     """
-    position = {n.pci_address: i for i, n in enumerate(held.allocation.all_nics)}
+    netdevs = allocation_ifnames(held.allocation, options.pod_ifname_scheme, options.pod_ifname)
     ordinals = cuda_ordinals(held.gpus)
 
     def gpu(g: GpuRef) -> dict[str, Any]:
@@ -188,10 +190,8 @@ def pair_file_json(held: ContainerPairs, *, namespace: str, pod: str, uid: str,
                 "cudaOrdinal": ordinals.get(g.device_id)}
 
     def nic(n: NicRef) -> dict[str, Any]:
-        at = position.get(n.pci_address)
         return {"kind": n.kind, "pciAddress": n.pci_address, "pfPciAddress": n.pf_pci_address,
-                "rdmaDevice": n.rdma_device,
-                "podNetdev": pod_ifname(options.pod_ifname, at) if at is not None else None}
+                "rdmaDevice": n.rdma_device, "podNetdev": netdevs.get(n.pci_address)}
 
     doc = {
         "version": PAIRS_FILE_VERSION,
