@@ -44,7 +44,7 @@ def test_a_bind_logs_one_info_line_with_the_pod_node_pairs_and_distance(caplog):
     bind = {"PodName": "trainer", "PodNamespace": "ml", "PodUID": "u1", "Node": NAMES[0]}
     p = pod("u1", gpus=2, vfs=2)
     p["metadata"].update(name="trainer", namespace="ml")
-    filtered, bound = _calls(_extender(), [("filter", args(p, NAMES)), ("bind", bind)])
+    _, bound = _calls(_extender(), [("filter", args(p, NAMES)), ("bind", bind)])
     assert bound["Error"] == ""
     [line] = _lines(caplog, "bind")
     assert line.startswith("decision=bind outcome=bound pod=ml/trainer uid=u1 "
