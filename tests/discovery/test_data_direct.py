@@ -47,7 +47,7 @@ def test_each_gb300_nic_is_found_with_its_data_direct_function_and_reaches_its_g
     found = discover(fixture_tree(tree_dir, "gb300-dd"))
     assert found.warnings == ()
     t = found.topology
-    assert t == build_topology(GB300_DD, 2)
+    assert t == build_topology(GB300_DD, 2, rails=False)
     functions = data_direct_functions(tree_dir / "gb300-dd")
     assert [n.data_direct for n in t.nics] == [f.name for f in functions]
     for g, n in zip(t.gpus, t.nics, strict=True):
@@ -90,7 +90,7 @@ def test_xe8640_has_one_gpu_sharing_a_switch_with_a_nic_and_no_data_direct(
     found = discover(fixture_tree(tree_dir, "xe8640"))
     assert found.warnings == ()
     t = found.topology
-    assert t == build_topology(XE8640, 2)
+    assert t == build_topology(XE8640, 2, rails=False)
     best = [min(row.values()) for row in (t.distance[g.pci_address] for g in t.gpus)]
     assert best == [Distance.PIX, Distance.NODE, Distance.NODE, Distance.NODE]
     assert all(n.data_direct is None for n in t.nics)

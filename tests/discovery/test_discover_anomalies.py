@@ -61,7 +61,7 @@ def test_numa_node_minus_one_is_null_but_placed_by_local_cpulist(h100: Path) -> 
     gpu = found.topology.gpu(GPU0)
     assert gpu.numa_node is None
     # local_cpulist lies inside NUMA 0, so distances stay what the firmware would have said.
-    assert found.topology.distance == build_topology(DGX_H100, 2).distance
+    assert found.topology.distance == build_topology(DGX_H100, 2, rails=False).distance
     assert found.warnings == ()
 
 
@@ -171,7 +171,7 @@ def test_missing_virtfn_link_still_finds_the_vf_by_physfn(h100: Path) -> None:
     pf = device_dir(h100, NIC0)
     (pf / "virtfn1").unlink()
     found = discover(h100)
-    assert found.topology.nic(NIC0) == build_topology(DGX_H100, 2).nic(NIC0)
+    assert found.topology.nic(NIC0) == build_topology(DGX_H100, 2, rails=False).nic(NIC0)
     assert str(pf) in _warning_paths(found)
 
 
@@ -220,7 +220,7 @@ def test_entry_names_with_non_ascii_digits_are_skipped_not_tracebacks(h100: Path
     # str.isdigit() is True for "²" but int("²") raises. Kernels never make such names, but
     # `railyard discover --sysfs-root` reads any tree a user points it at.
     (h100 / rel).mkdir()
-    assert discover(h100).topology == build_topology(DGX_H100, 2)
+    assert discover(h100).topology == build_topology(DGX_H100, 2, rails=False)
 
 
 # ----------------------------------------------------------------------- RDMA names
@@ -427,7 +427,7 @@ def test_gpu_sriov_vf_is_not_a_separate_gpu(tree_dir: Path) -> None:
     (vf / "physfn").symlink_to("../0000:0d:00.0")
     (root / "sys/bus/pci/devices/0000:0d:00.1").symlink_to(
         os.path.relpath(vf, root / "sys/bus/pci/devices"))
-    assert discover(root).topology == build_topology(MI300X, 0)
+    assert discover(root).topology == build_topology(MI300X, 0, rails=False)
 
 
 def test_unbound_driver_is_null(h100: Path) -> None:

@@ -26,13 +26,13 @@ def test_discovering_a_profile_tree_equals_the_profile_built_in_memory(
     spec = PROFILES[name]
     found = discover(write_fixture(spec, tree_dir / "root", vfs_per_pf))
     assert found.warnings == ()
-    assert found.topology == build_topology(spec, vfs_per_pf)
+    assert found.topology == build_topology(spec, vfs_per_pf, rails=False)
 
 
 @pytest.mark.slow
 def test_over_a_thousand_vfs_are_discovered_exactly(tree_dir: Path) -> None:
     found = discover(write_fixture(DGX_H100, tree_dir / "root", 127))
-    assert found.topology == build_topology(DGX_H100, 127)
+    assert found.topology == build_topology(DGX_H100, 127, rails=False)
     assert sum(len(n.vfs) for n in found.topology.nics) == 8 * 127
 
 
@@ -43,7 +43,7 @@ def test_a_node_behind_an_intel_vmd_domain_is_discovered_allocated_and_recorded(
     # the node is written but never decoded.
     spec = replace(GENERIC, roots=tuple(
         replace(r, domain=0x10000) if r.bus == 0x10 else r for r in GENERIC.roots))
-    t = build_topology(spec, 2)
+    t = build_topology(spec, 2, rails=False)
     assert discover(write_fixture(spec, tree_dir / "root", 2)).topology == t
     assert topology_from_json(topology_to_json(t)) == t
     a = allocate(t, Ledger(t), parse_request_spec("gpus=1,vfs=1"))
@@ -53,7 +53,7 @@ def test_a_node_behind_an_intel_vmd_domain_is_discovered_allocated_and_recorded(
 
 def test_node_name_given_to_the_writer_is_the_discovered_node(tree_dir: Path) -> None:
     found = discover(write_fixture(DGX_H100, tree_dir / "root", 1, node="gpu-node-17"))
-    assert found.topology == build_topology(DGX_H100, 1, node="gpu-node-17")
+    assert found.topology == build_topology(DGX_H100, 1, node="gpu-node-17", rails=False)
 
 
 def _snapshot(root: Path) -> dict[str, str]:

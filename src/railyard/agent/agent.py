@@ -175,6 +175,18 @@ class Agent:
         except PoolOverlap as e:
             raise ConfigError("vfPools", str(e)) from None
 
+    def _railed(self, topology: NodeTopology) -> NodeTopology:
+        """Each NIC's rail from the `rails` config (docs/rails.md); names this node lacks
+        are warned about (one config serves many nodes), not fatal."""
+        if self.config.rails is None:
+            return topology
+        from railyard.topology.rails import assign_rails
+
+        railed, unknown = assign_rails(topology, self.config.rails)
+        if unknown:
+            log.warning("rails: no NIC on this node is named %s", ", ".join(unknown))
+        return railed
+
     def _inventory(self, facts: dict[str, DeviceFacts]) -> dict[Kind, tuple[PluginDevice, ...]]:
         cfg = self.config
         routed = self.probe.routed_netdevs()
@@ -192,6 +204,7 @@ class Agent:
         names = self.config.resources
         facts = self.probe.facts(self._topology)
         self._topology = self._pooled(self._topology, facts)
+        self._topology = self._railed(self._topology)
         for kind, devices in self._inventory(facts).items():
             self.lists[kind] = DeviceList(devices)
         self.admission = Admission(self.topology, self.store, self.pods, names,

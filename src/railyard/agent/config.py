@@ -19,6 +19,7 @@ Example (JSON or YAML):
     healthIntervalS: 1
     pairMap: {ncclGpuNicAffinity: false, podIfname: net1, podIfnameScheme: sequential}
     # docs/pair-map.md; podIfnameScheme: gpu-index when the CNI config says so (docs/cni.md)
+    rails: {"0000:18:00.0": 0, ibp64s0: 1}   # or: rails: pci-order (docs/rails.md)
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,7 @@ from railyard.kubelet.selectors import PfName, Selector
 from railyard.node.ifnames import IFNAME_SCHEMES, ifname_problem
 from railyard.node.paths import CNI_DEVINFO_DIR, DEVINFO_DIR
 from railyard.records.fields import FieldError, Fields
+from railyard.topology.rails import MAX_RAIL, PCI_ORDER, RailScheme
 
 # sriov-dp link type names, and the sysfs link_layer values they stand for.
 _LINK_TYPES = {"ether": "Ethernet", "ethernet": "Ethernet", "eth": "Ethernet",
@@ -78,6 +81,9 @@ class AgentConfig:
     health_interval_s: float = 1.0
     verify_delay_s: float = 1.0  # PodResources check after an Allocate
     pair_map: PairMapOptions = DEFAULT_PAIR_MAP  # the opt-in forms of the pair map
+    # Each NIC's fabric rail (docs/rails.md): a map from PF PCI address, netdev or RDMA
+    # device to rail, or the `pci-order` scheme; None: rails not known.
+    rails: Mapping[str, int] | RailScheme | None = None
 
     @property
     def pools(self) -> tuple[VfPool, ...]:
@@ -189,7 +195,8 @@ def config_from_dict(d: Any) -> AgentConfig:
         return AgentConfig()
     f = Fields(d, "", ConfigError)
     f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "vfPools",
-            "devinfoDir", "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap"))
+            "devinfoDir", "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap",
+            "rails"))
     res = f.object("resources", optional=True)
     res.only(("gpu", "vf", "pf"))
     names = {}
@@ -234,7 +241,26 @@ def config_from_dict(d: Any) -> AgentConfig:
         health_interval_s=_seconds(f, "healthIntervalS", 1.0),
         verify_delay_s=_seconds(f, "verifyDelayS", 1.0),
         pair_map=_pair_map(f.object("pairMap", optional=True)),
+        rails=parse_rails(f),
     )
+
+
+def parse_rails(f: Fields, key: str = "rails") -> Mapping[str, int] | RailScheme | None:
+    """`rails`: `pci-order`, or {PF PCI address | netdev | RDMA device: rail 0..MAX_RAIL}."""
+    v = f.get(key)
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if v != PCI_ORDER:
+            f.fail(key, f"expected {PCI_ORDER} or a map of NIC to rail, got {v[:60]!r}")
+        return PCI_ORDER
+    m = f.object(key)
+    out: dict[str, int] = {}
+    for name in m.d:
+        if not isinstance(name, str) or not name:
+            m.fail(str(name), "expected a PF PCI address, netdev or RDMA device name")
+        out[name] = m.integer(name, 0, MAX_RAIL)
+    return out
 
 
 # sriov-dp resourceList entry keys Railyard reads; `deviceType` and `excludeTopology` only in

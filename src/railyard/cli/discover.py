@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from railyard.cli.app import app, fail
+
+if TYPE_CHECKING:
+    from railyard.topology.model import NodeTopology
 
 
 class Format(StrEnum):
@@ -35,12 +38,19 @@ def discover(
         "--format", help="json: the topology document; matrix: GPUs and NICs against each "
                          "other as `nvidia-smi topo -m` prints them, with the legend.")
     ] = Format.json,
+    rails: Annotated[str | None, typer.Option(
+        "--rails", metavar="SCHEME|JSON",
+        help="Each NIC's fabric rail, as the agent's `rails` config gives it: pci-order, or "
+             "a JSON map of PF PCI address, netdev or RDMA device to rail (docs/rails.md). "
+             "Profiles have rails already; discovery alone cannot see cabling.")] = None,
 ) -> None:
     """Discover GPUs, RDMA NICs (PFs and VFs), NUMA nodes and their PCIe distances."""
     from railyard.cli.source import node_topology_and_paths
 
     topology, paths = node_topology_and_paths(sysfs_root, profile, vfs_per_pf,
                                               default_root=Path("/"))
+    if rails is not None:
+        topology = _with_rails(topology, rails)
     if format is Format.json:
         import json
 
@@ -71,3 +81,24 @@ def fixture(
     except (ValueError, OSError) as exc:
         fail(str(exc))
     print(f"wrote {spec.name} ({vfs_per_pf} VFs per compute PF) to {outdir}")
+
+
+def _with_rails(topology: NodeTopology, text: str) -> NodeTopology:
+    """`--rails`: parsed as the agent's config parses `rails`; a name no NIC has is an error
+    here (one node, one command line)."""
+    import json
+
+    from railyard.agent.config import ConfigError, parse_rails
+    from railyard.records.fields import Fields
+    from railyard.topology.rails import assign_rails
+
+    try:
+        value = text if text == "pci-order" else json.loads(text)
+        scheme = parse_rails(Fields({"rails": value}, "", ConfigError))
+    except (ValueError, ConfigError) as exc:
+        fail(f"--rails: {exc}")
+    assert scheme is not None
+    railed, unknown = assign_rails(topology, scheme)
+    if unknown:
+        fail(f"--rails: no NIC of {topology.node} is named {', '.join(unknown)}")
+    return railed

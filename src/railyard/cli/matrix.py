@@ -90,6 +90,7 @@ def format_matrix(t: NodeTopology, paths: Mapping[str, Placement]) -> str:
             f"  NIC{i}: {n.rdma_device or '-'}  {n.pci_address}  {n.netdev or '-'}"
             f"  {n.link_layer or '-'} {n.port_state or '-'}  {len(n.vfs)}/{n.total_vfs} VFs"
             + ("  default route" if n.default_route else "")
+            + (f"  rail {n.rail}" if n.rail is not None else "")
             + (f"  Data Direct {n.data_direct} (GPU cells measured through it)"
                if n.data_direct else ""))
     return "\n".join(lines) + "\n"

@@ -256,8 +256,9 @@ def rdma_names(lay: Layout, vfs_per_pf: int) -> RdmaNames:
 
 
 def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
-                   node: str | None = None) -> NodeTopology:
-    """The topology discovery would report for this profile's fake sysfs tree."""
+                   node: str | None = None, rails: bool = True) -> NodeTopology:
+    """The topology discovery would report for this profile's fake sysfs tree, with the
+    compute NICs' rails (`rails`; discovery alone cannot see cabling and reports none)."""
     if not 0 <= vfs_per_pf <= MAX_VFS_PER_PF:
         raise ValueError(f"vfs per PF must be 0..{MAX_VFS_PER_PF}, got {vfs_per_pf}")
     lay = layout(spec)
@@ -281,6 +282,10 @@ def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
         for i, (f, g) in enumerate(_specs(gpu_funcs, GpuSpec))
     )
     via = data_direct_of(lay)
+    # Rail-optimised fabrics cable compute NIC i (PCI order) to rail i, the NIC under GPU i
+    # on these servers; storage NICs carry no rail (docs/rails.md).
+    rail_at = {f.address: r for r, (f, _) in enumerate(
+        (f, s) for f, s in _specs(nic_funcs, NicSpec) if s.compute)} if rails else {}
     nics = []
     for f, s in _specs(nic_funcs, NicSpec):
         vfs = tuple(
@@ -295,6 +300,7 @@ def build_topology(spec: ProfileSpec, vfs_per_pf: int = DEFAULT_VFS_PER_PF,
             total_vfs=s.total_vfs if s.compute else 0, vfs=vfs,
             uverbs=names.uverbs[f.address], default_route=s.default_route,
             data_direct=via[f.address].address if f.address in via else None,
+            rail=rail_at.get(f.address),
         ))
     distance = distances_for(
         {f.address: (f.path, f.numa) for f in gpu_funcs},

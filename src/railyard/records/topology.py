@@ -15,6 +15,7 @@ from typing import Any
 
 from railyard.records.fields import FieldError, Fields, kind_of
 from railyard.topology.model import Distance, Gpu, Nic, NodeTopology, NumaNode, Vf
+from railyard.topology.rails import MAX_RAIL
 
 VERSION = 1
 
@@ -73,6 +74,8 @@ def _nic_to_json(n: Nic) -> dict[str, Any]:
     }
     if n.data_direct is not None:  # absent: no Data Direct function, as before (decision 0086)
         out["dataDirect"] = n.data_direct
+    if n.rail is not None:  # absent: rail not known, as before rails (decision 0089)
+        out["rail"] = n.rail
     return out
 
 
@@ -160,7 +163,15 @@ def _nic_from_json(o: Fields) -> Nic:
         uverbs=o.string_or_null("uverbs"),
         default_route=o.boolean("defaultRoute", False),
         data_direct=o.pci_address("dataDirect") if o.get("dataDirect") is not None else None,
+        rail=_rail(o),
     )
+
+
+def _rail(o: Fields) -> int | None:
+    """A NIC's rail: absent or null is unknown; else 0..MAX_RAIL."""
+    if o.get("rail") is None:
+        return None
+    return o.integer("rail", 0, MAX_RAIL)
 
 
 def _pool(v: Fields) -> str | None:

@@ -184,6 +184,10 @@ class Nic:
     # typically beside a GPU; None for a NIC without one. Its GPU distances are measured from
     # that function as well (`distances_for`; docs/decisions/0086).
     data_direct: str | None = None
+    # The fabric rail this NIC's port is cabled to (rail-optimised fabrics: NIC i of every
+    # node on leaf i); None: not known. From the agent's `rails` config; profiles number
+    # their compute NICs 0, 1, … in PCI order (docs/rails.md, docs/decisions/0089).
+    rail: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +236,7 @@ class NodeTopology:
             tuple((n.id, n.cpus, n.memory_bytes) for n in self.numa_nodes),
             tuple((g.pci_address, g.numa_node) for g in self.gpus),
             tuple(
-                (n.pci_address, n.numa_node, n.port_state, n.driver, n.default_route,
+                (n.pci_address, n.numa_node, n.port_state, n.driver, n.default_route, n.rail,
                  tuple((v.pci_address, v.driver, v.rdma_device is not None, v.netdev is not None,
                         v.pool) for v in n.vfs))
                 for n in self.nics
