@@ -168,6 +168,17 @@ def _same_nic_same_fields(pairs: list[Pair], nics: list[NicRef], where: str) -> 
             raise RecordError(at, f"{nic.pci_address} is also {seen[1]}, with other fields")
 
 
+def _one_value_per_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object naming a key twice is refused: json keeps the last value, and the admission
+    policy (deploy/chart: templates/admission-policy.yaml) reads the first `decidedBy`."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key[:40]!r} appears twice in one object")
+        out[key] = value
+    return out
+
+
 def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocation:
     """Parse the annotation string; RecordError (naming the field) on anything malformed.
 
@@ -179,7 +190,7 @@ def decode_allocation(text: str | bytes, where: str = "allocation") -> Allocatio
         raise RecordError(where, f"{len(text)} {unit}, larger than the {MAX_RECORD_BYTES} "
                                  "bytes Kubernetes allows for all of a pod's annotations")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_one_value_per_key)
     except ValueError as e:  # also bad UTF-8 and integers past Python's 4,300-digit limit
         raise RecordError(where, f"not valid JSON: {e}") from None
     except RecursionError:  # "[[[[…" nested deeper than the parser's stack
