@@ -1,4 +1,4 @@
-"""An independent, exhaustive reference for the allocator's key (docs/allocation.md, items 1–7).
+"""An independent, exhaustive reference for the allocator's key (docs/allocation.md, items 1–8).
 
 Slow on purpose: it enumerates every GPU set, every GPU→PF pairing and every way to take
 VFs and whole PFs, with no bounds and no ordering tricks, and computes the key of each
@@ -8,6 +8,10 @@ allocator's answer is judged by what it returns, not by its internals.
 VF pools (docs/decisions/0085): a VF is taken from its own pool only; the paired pool's VFs
 pair, the other pools' are unpaired NICs; a PF is open (aligned capacity) while it has a free
 VF of any pool; the address tie-break lists the paired pool's PFs, then each other pool's.
+
+Rails (docs/rails.md): pair p (the p-th paired GPU in address order) wants the rail
+`r.wanted_rails[p]` (None: any); a pair whose NIC's PF is on another rail, or on none, is a
+mismatch: infeasible under `rails: required`, else counted right after the worst distance.
 """
 
 from __future__ import annotations
@@ -131,6 +135,9 @@ def key_parts(node: Node, r: Request, gset: tuple[str, ...],
     lo, hi, pairs = pairing_bounds(r)
     loads: Counter[str] = Counter()
     dists = []
+    wanted = r.wanted_rails
+    rail_of = {n.pci_address: n.rail for n in t.nics}
+    mism = 0
     for g, (pf, kind) in zip(gset, targets, strict=True):
         if (pf, kind) == UNPAIRED:
             continue
@@ -139,6 +146,11 @@ def key_parts(node: Node, r: Request, gset: tuple[str, ...],
         d = int(t.distance[g][pf])
         if r.max_distance is not None and d > r.max_distance:
             return None
+        p = len(dists)
+        if p < len(wanted) and wanted[p] is not None and rail_of[pf] != wanted[p]:
+            if r.rail_policy == "required":
+                return None
+            mism += 1
         loads[pf] += 1
         dists.append(d)
     if len(dists) != pairs:
@@ -167,7 +179,7 @@ def key_parts(node: Node, r: Request, gset: tuple[str, ...],
     for counts in (vf_counts, *others):
         vfms += tuple(sorted(a for a, c in counts.items() for _ in range(c)))
     tie = (tuple(gset), tuple(targets), tuple(sorted(whole - paired_whole)), vfms)
-    return (worst, sum(dists), span, *crowd, -aligned, tie)
+    return (worst, mism, sum(dists), span, *crowd, -aligned, tie)
 
 
 def other_pools(r: Request) -> list[tuple[str | None, int]]:

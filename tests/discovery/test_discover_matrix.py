@@ -158,7 +158,8 @@ def test_a_discovered_tree_gives_the_profiles_matrix(tree_dir: Path, spec: Profi
     root = write_fixture(spec, tree_dir / "tree", 1)
     found = runner.invoke(app, ["discover", "--sysfs-root", str(root), "--format", "matrix"])
     assert found.exit_code == 0, found.output
-    assert found.stdout == format_matrix(build_topology(spec, 1), device_paths(spec))
+    assert found.stdout == format_matrix(build_topology(spec, 1, rails=False),
+                                         device_paths(spec))
 
 
 def test_a_gpu_without_a_numa_node_says_n_a() -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from railyard.allocation.explain import budget_refusal, explain
@@ -184,7 +184,8 @@ class Allocator:
                 return None
             # An empty node whose search spends the budget: not known to be as good.
             spent = isinstance(ideal, Refusal) and ideal.search_budget_spent
-            same = not isinstance(ideal, Refusal) and decided.key[:5] == ideal.key[:5]
+            # Worst and summed distance, rail mismatches, span and crowding.
+            same = not isinstance(ideal, Refusal) and decided.key[:6] == ideal.key[:6]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
             if worst <= Distance.PIX:
                 tier = 5 if same else 4
@@ -247,11 +248,34 @@ class Allocator:
         spent = self._spent.get((key, limit))
         if spent is not None:
             return spent
+        asked = request
+        if request.wanted_rails:
+            # The best choice without the job's rails, when it keeps them, is the best with
+            # them (it wins on the worst pair, and ties it with no mismatch); and a preferred
+            # sequence never changes whether a pod fits. Both come from the memo of pods
+            # without a job more often than not (docs/decisions/0089).
+            plain = self._decide(shape, group, ledger, replace(request, rails=()), search)
+            if plain is None:
+                return None
+            if ((isinstance(plain, Choice) and _keeps_rails(shape, plain, request))
+                    or (isinstance(plain, Refusal) and not plain.search_budget_spent
+                        and request.rail_policy != "required")):
+                if len(self._memo) >= _MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[key] = plain
+                return plain
+            if isinstance(plain, Choice) and request.rail_policy == "preferred" and Spec.of(
+                    request).pairs:
+                # The worst pair comes before the rails in the key: the best with them has
+                # the same worst pair as the best without, so search only that far.
+                worst = Distance(plain.key[0])
+                if request.max_distance is None or worst < request.max_distance:
+                    asked = replace(request, max_distance=worst)
         if not search:
             return None
         budget = Budget(limit)
         try:
-            hit = self._search(shape, group, ledger, request, budget)
+            hit = self._search(shape, group, ledger, asked, budget)
         finally:
             self.explored += budget.used
         if hit is None:
@@ -314,6 +338,14 @@ def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,
     else:
         level = 0
     return level if packing == "binpack" else levels - 1 - level
+
+
+def _keeps_rails(shape: NodeShape, choice: Choice, request: Request) -> bool:
+    """Whether every pair of `choice` (pair order: its paired GPUs in order) is on the rail
+    the request's sequence wants there."""
+    wanted = Spec.of(request).rails
+    rails = [shape.pf_rail[t[0]] for t in choice.targets if t is not None]
+    return all(w < 0 or (p < len(rails) and rails[p] == w) for p, w in enumerate(wanted))
 
 
 def _odd_used(shape: NodeShape, ledger: Ledger) -> tuple:
@@ -425,7 +457,9 @@ def _concrete(shape: NodeShape, ledger: Ledger, plan: _Plan) -> Allocation:
         p, ref = picked[j][n]
         pair = cache.get((i, j, p))
         if pair is None:
-            pair = cache[(i, j, p)] = Pair(shape.gpu_refs[i], ref, shape.distances[i][j])
+            rail = shape.pf_rail[j]
+            pair = cache[(i, j, p)] = Pair(shape.gpu_refs[i], ref, shape.distances[i][j],
+                                           None if rail < 0 else rail)
         pairs.append(pair)
     unpaired_nics = [picked[j][n][1] for j, n in plan.unpaired]
     for j, q, t in plan.other_takes:

@@ -138,6 +138,18 @@ def _distance_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
             f"{nics} within {limit} of them" + (f": {_listed(why)}" if why else ""))
 
 
+def _rails_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
+    """`rails: required` (docs/rails.md): the sequence wanted, and the rails free here."""
+    wanted = ", ".join("any" if r < 0 else str(r) for r in spec.rails)
+    have = sorted({shape.pf_rail[j] for j in range(len(shape.pfs))
+                   if (free.vfs[j] or free.whole_ok[j]) and shape.pf_rail[j] >= 0})
+    return (f"rails required: the job's pairs want rails {wanted} in pair order but the free "
+            f"NICs here are on " + (f"rails {', '.join(map(str, have))}" if have
+                                   else "no known rail")
+            + (f" within {Distance(spec.max_distance).name}"
+               if spec.max_distance < Distance.SYS else ""))
+
+
 def _single_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
     want = [_plural(spec.gpus, "GPU")] if spec.gpus else []
     if spec.vfs:
@@ -210,6 +222,9 @@ def _reason(shape: NodeShape, free: FreeState, request: Request,
         return f"{spec.cpus} exclusive CPUs requested but only {sum(free.cpus)} free"
     if spec.memory > sum(free.memory):
         return f"{spec.memory} bytes of memory requested but only {sum(free.memory)} free"
+    if spec.rails_required and _fits(shape, free, replace(request, rail_policy="preferred"),
+                                     budget):
+        return _rails_reason(shape, free, spec)
     if spec.pairs and spec.max_distance < Distance.SYS and _fits(
             shape, free, replace(request, max_distance=None), budget):
         return _distance_reason(shape, free, spec)
@@ -242,6 +257,8 @@ def budget_refusal(request: Request, limit: int) -> Refusal:
         hints.append(f"pairing {request.pairing_hint}")
     if request.numa == "single":
         hints.append("numa single")
+    if request.wanted_rails and request.rail_policy == "required":
+        hints.append("rails required")
     what = ", ".join(want) or "the request"
     advice = "ask for fewer VFs or whole PFs per pod"
     if hints:

@@ -17,8 +17,10 @@ from railyard.topology.model import Distance
 
 NumaPolicy = Literal["single", "preferred", "none"]
 Pairing = Literal["one-to-one", "shared", "none"]
+RailPolicy = Literal["required", "preferred", "none"]
 NUMA_POLICIES: tuple[NumaPolicy, ...] = ("single", "preferred", "none")
 PAIRINGS: tuple[Pairing, ...] = ("one-to-one", "shared", "none")
+RAIL_POLICIES: tuple[RailPolicy, ...] = ("required", "preferred", "none")
 
 
 class RequestError(ValueError):
@@ -45,6 +47,12 @@ class Request:
     # The pool whose VFs pair with the GPUs (docs/decisions/0085); None: the default pool.
     # Every other pool's VFs are unpaired NICs of the Allocation.
     pair_pool: str | None = None
+    # The rail sequence of the pod's job (docs/rails.md): pair i wants rail `rails[i]` (None:
+    # any). Not from the pod itself: the extender fills it from the records of the job's
+    # pods already bound. `rail_policy` (the `rails` hint) says how hard: `required` makes a
+    # mismatch infeasible, `preferred` counts mismatches in the key, `none` ignores them.
+    rails: tuple[int | None, ...] = ()
+    rail_policy: RailPolicy = "preferred"
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vfs", "pfs", "exclusive_cpus", "memory_bytes"):
@@ -98,7 +106,19 @@ class Request:
     def shape(self) -> tuple:
         """Hashable identity for memoising: two equal shapes get equal answers."""
         return (self.gpus, self.vfs, self.pfs, self.exclusive_cpus, self.memory_bytes,
-                self.max_distance, self.numa, self.pairing, self.pool_vfs, self.pair_pool)
+                self.max_distance, self.numa, self.pairing, self.pool_vfs, self.pair_pool,
+                self.wanted_rails, self.rail_policy if self.wanted_rails else None)
+
+    @property
+    def wanted_rails(self) -> tuple[int | None, ...]:
+        """The rail sequence the allocator weighs: none under `rail_policy: none`, and
+        trailing unknowns dropped (they constrain nothing)."""
+        if self.rail_policy == "none":
+            return ()
+        rails = self.rails
+        while rails and rails[-1] is None:
+            rails = rails[:-1]
+        return rails
 
 
 # ----------------------------------------------------------------------- quantities
@@ -345,11 +365,11 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
         raise RequestError(field, "expected a JSON object")
     # A hint's error quotes at most 40 characters of what it refuses (`_short`): the
     # annotation may be 256 KiB, its error goes to kube-scheduler, the logs and Events.
-    unknown = set(data) - {"maxDistance", "numa", "pairing", "pairPool"}
+    unknown = set(data) - {"maxDistance", "numa", "pairing", "pairPool", "rails"}
     if unknown:
         key = sorted(unknown)[0]
         raise RequestError(f"{field}.{key if len(key) <= 40 else key[:37] + '...'}",
-                           "unknown key (known: maxDistance, numa, pairPool, pairing)")
+                           "unknown key (known: maxDistance, numa, pairPool, pairing, rails)")
     out: dict[str, Any] = {}
     if "maxDistance" in data:
         v = data["maxDistance"]
@@ -372,6 +392,11 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
             raise RequestError(f"{field}.pairing", f"expected one of {'|'.join(PAIRINGS)}, "
                                                    f"got {_short(data['pairing'])}")
         out["pairing_hint"] = data["pairing"]
+    if "rails" in data:
+        if data["rails"] not in RAIL_POLICIES:
+            raise RequestError(f"{field}.rails", f"expected one of {'|'.join(RAIL_POLICIES)}, "
+                                                 f"got {_short(data['rails'])}")
+        out["rail_policy"] = data["rails"]
     if "pairPool" in data:
         v = data["pairPool"]
         if not isinstance(v, str) or v.count("/") != 1 or not all(v.partition("/")[::2]):

@@ -1,9 +1,12 @@
 """The exact search behind the allocator: minimise the key (docs/allocation.md) by branch and bound.
 
-The key, compared lexicographically (items 2–7; item 1, the hard limits, filters):
-    (worst pair distance, sum of pair distances, NUMA nodes spanned,
+The key, compared lexicographically (items 2–8; item 1, the hard limits, filters):
+    (worst pair distance, rail mismatches, sum of pair distances, NUMA nodes spanned,
      largest number of pairs on one PF, sum over PFs of pairs², −aligned capacity kept,
      addresses)
+where a rail mismatch is a pair whose NIC is not on the rail the job's sequence gives that
+pair index (docs/rails.md; 0 for a request without one, `rails: required` makes any one
+infeasible)
 where "addresses" is (GPU indices, each GPU's target in GPU order, whole PFs, the sorted
 multiset of PFs giving VFs); indices follow PCI address order, so this is "lowest PCI
 addresses". VFs of one PF are interchangeable, and so are CPUs of one NUMA node, so the search
@@ -51,7 +54,7 @@ def _same(value: _T) -> _T:
 # search compares modes in its innermost loop.
 _UNUSED, _VF, _WHOLE = PfMode.UNUSED, PfMode.VF, PfMode.WHOLE
 # What `_Pairing._unplace` puts back: the PF's load and mode, then the prefix's counts.
-_Undo = tuple[int, PfMode, int, int, int, int, int, int, int, int]
+_Undo = tuple[int, PfMode, int, int, int, int, int, int, int, int, int]
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -116,6 +119,10 @@ class Spec:
     # default); `others` the VFs of every other pool asked, (pool, count), unpaired.
     pool: str | None = None
     others: tuple[tuple[str | None, int], ...] = ()
+    # The job's rail per pair index (−1: any), at most `pairs` long; `rails_required`: a
+    # mismatch is infeasible rather than counted (docs/rails.md).
+    rails: tuple[int, ...] = ()
+    rails_required: bool = False
 
     @classmethod
     def of(cls, r: Request) -> Spec:
@@ -132,8 +139,12 @@ class Spec:
         maxd = int(r.max_distance) if r.max_distance is not None else int(Distance.SYS)
         others = tuple((p, c) for p, c in r.vf_counts if p != r.pair_pool) if r.pool_vfs \
             else ()
+        rails = tuple(-1 if x is None else x for x in r.wanted_rails[:pairs])
+        while rails and rails[-1] < 0:
+            rails = rails[:-1]
         return cls(k, r.paired_vfs, r.pfs, r.exclusive_cpus, r.memory_bytes, maxd, r.numa,
-                   lo, hi, pairs, r.pair_pool, others)
+                   lo, hi, pairs, r.pair_pool, others, rails,
+                   bool(rails) and r.rail_policy == "required")
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +158,7 @@ class Choice:
     numa_mask: int  # NUMA bits spanned by devices and CPUs
     cpus: tuple[tuple[int, int], ...]  # (NUMA bit, CPUs), for NUMA nodes holding CPUs
     memory: tuple[tuple[int, int], ...]  # (NUMA bit, bytes)
-    key: tuple[int, ...]  # items 2–6 of the key (aligned capacity negated)
+    key: tuple[int, ...]  # items 2–7 of the key (aligned capacity negated)
     pool: int = 0  # the paired pool's index in `shape.pool_names`
     # Every other pool asked: (its index, VFs taken per PF), in `Spec.others` order.
     other_counts: tuple[tuple[int, tuple[int, ...]], ...] = ()
@@ -268,6 +279,10 @@ class Search:
         # The target of a GPU left unpaired: it sorts after every PF, so on ties the lower
         # GPUs get paired first.
         self.unpaired_target = (self.npf, _UNUSED)
+        # Rails (docs/rails.md): per pair index the rail wanted (−1 any); pair p is the p-th
+        # GPU of the set when every GPU is paired, which is when the rails bound GPU sets.
+        self.rails = spec.rails
+        self.rails_fixed = bool(spec.rails) and spec.pairs == spec.gpus
         # Crowding can be no better than n NICs on n distinct PFs with loads as even as
         # the pairing allows: r NICs serve `hi` GPUs, the others `lo`.
         n, lo, hi = spec.vfs + spec.pfs, spec.lo, spec.hi
@@ -333,7 +348,7 @@ class Search:
             v = cache[key] = max_matching(self.shape.aligned_adj, gpu_mask, pf_mask)
         return v
 
-    def _loses(self, worst: int, total: int, span_lb: Callable[[], int | None],
+    def _loses(self, worst: int, mism: int, total: int, span_lb: Callable[[], int | None],
                crowd: tuple[int, int], aligned_ub: Callable[[], int],
                ties_lose: Callable[[], bool]) -> bool:
         """True when nothing below a node with these lower bounds can beat the incumbent.
@@ -346,20 +361,22 @@ class Search:
             return span_lb() is None  # infeasible below: CPUs do not fit or NUMA breaks
         if worst != bk[0]:
             return worst > bk[0]
-        if total != bk[1]:
-            return total > bk[1]
+        if mism != bk[1]:
+            return mism > bk[1]
+        if total != bk[2]:
+            return total > bk[2]
         s = span_lb()
         if s is None:
             return True
-        if s != bk[2]:
-            return s > bk[2]
-        if crowd[0] != bk[3]:
-            return crowd[0] > bk[3]
-        if crowd[1] != bk[4]:
-            return crowd[1] > bk[4]
+        if s != bk[3]:
+            return s > bk[3]
+        if crowd[0] != bk[4]:
+            return crowd[0] > bk[4]
+        if crowd[1] != bk[5]:
+            return crowd[1] > bk[5]
         a = -aligned_ub()
-        if a != bk[5]:
-            return a > bk[5]
+        if a != bk[6]:
+            return a > bk[6]
         return ties_lose()
 
     def _tie_gpus_after(self, gset: tuple[int, ...]) -> bool:
@@ -424,6 +441,16 @@ class Search:
             offers.sort()
             self.offers[i] = offers
             self.best_of[i] = offers[0][0] if offers else INF
+        # Per GPU: the nearest class at which its offers reach each rail. A choice whose
+        # worst pair is w has at least the mismatches of the positions whose GPU reaches its
+        # rail only beyond w (or not at all), so (w, those) bounds the key's first two items.
+        self.rail_dist: dict[int, dict[int, int]] = {}
+        if self.rails_fixed:
+            for i in free_gpus:
+                near: dict[int, int] = {}
+                for d, j, _ in self.offers[i]:
+                    near.setdefault(sh.pf_rail[j], d)
+                self.rail_dist[i] = near
         pairs = sp.pairs
         candidates = []
         for gset in combinations(free_gpus, k):
@@ -439,21 +466,31 @@ class Search:
                     lw, ls = self._few_nics_bound(gset, lw, ls)
             else:
                 lw = ls = 0
+            lm = 0
+            if self.rails_fixed:
+                if sp.rails_required:
+                    # Pair p must reach rail r_p: its class there bounds worst and sum.
+                    bound = self._required_bound(gset)
+                    if bound is None:
+                        continue
+                    lw, ls = max(lw, bound[0]), max(ls, bound[1])
+                else:
+                    lm = self.rail_misses(gset, 0, lw)
             mask = 0
             for i in gset:
                 mask |= 1 << sh.gpu_numa[i]
             s = self.span(mask)
             if s is None:
                 continue
-            candidates.append((lw, ls, s[0], gset, mask))
+            candidates.append((lw, lm, ls, s[0], gset, mask))
         candidates.sort()
-        for lw, ls, lspan, gset, mask in candidates:
+        for lw, lm, ls, lspan, gset, mask in candidates:
             bk = self.best_key
-            if bk is not None and (lw, ls, lspan) > bk[:3]:
+            if bk is not None and (lw, lm, ls, lspan) > bk[:4]:
                 break  # sorted by these bounds: no later set can win either
             gmask = sum(1 << i for i in gset)
             after = fr.gpus & ~gmask
-            if self._loses(lw, ls, partial(_same, lspan), self.crowd_min,
+            if self._loses(lw, lm, ls, partial(_same, lspan), self.crowd_min,
                            partial(self.aligned, after, self.open0),
                            partial(self._tie_gpus_after, gset)):
                 continue
@@ -464,6 +501,30 @@ class Search:
         if self.best is None:
             return None
         return self._choice()
+
+    def rail_misses(self, gset: tuple[int, ...], d: int, within: int) -> int:
+        """The rail mismatches pairs d, d+1, … of `gset` have at least when no pair is worse
+        than `within` (every GPU paired, so pair p is `gset[p]`): positions whose GPU
+        reaches its rail only beyond `within`. With `within` a lower bound on the worst pair,
+        (within, this) is a lower bound on the key's first two items."""
+        rails, rail_dist = self.rails, self.rail_dist
+        return sum(1 for p in range(d, min(len(rails), len(gset)))
+                   if rails[p] >= 0 and rail_dist[gset[p]].get(rails[p], INF) > within)
+
+    def _required_bound(self, gset: tuple[int, ...]) -> tuple[int, int] | None:
+        """`rails: required`, every GPU paired: (worst, sum) lower bounds from each GPU's
+        class to the rail its position wants (its nearest offer elsewhere); None when a
+        position's GPU reaches its rail not at all."""
+        rails, rail_dist, best_of = self.rails, self.rail_dist, self.best_of
+        worst = total = 0
+        for p, i in enumerate(gset):
+            want = rails[p] if p < len(rails) else -1
+            d = best_of[i] if want < 0 else rail_dist[i].get(want, INF)
+            if d >= INF:
+                return None
+            worst = max(worst, d)
+            total += d
+        return worst, total
 
     def _few_nics_bound(self, gset: tuple[int, ...], lw: int, ls: int) -> tuple[int, int]:
         """Shared pairing: n NICs sit on at most n PFs, so at most the GPUs those PFs are
@@ -500,7 +561,7 @@ class Search:
         """The NIC instances a complete pairing `p` leaves open: extra whole PFs, then the
         VF counts per PF (`_fill`)."""
         gset, targets, loads, mode = p.gset, tuple(p.targets), p.loads, p.mode
-        worst, total, mask, gpus_after = p.worst, p.total, p.numa, p.gpus_after
+        worst, mism, total, mask, gpus_after = p.worst, p.mism, p.total, p.numa, p.gpus_after
         sp, fr = self.spec, self.free
         lo, hi, npf = sp.lo, sp.hi, self.npf
         self.explored += npf  # its passes over the PFs
@@ -529,7 +590,7 @@ class Search:
         if len(whole_cands) < extra_whole:
             return
         crowd = (p.maxload, p.sumsq)
-        fixed = (gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask)
+        fixed = (gset, targets, worst, mism, total, crowd, mask, gpus_after, paired_whole_mask)
         # `_fill`'s own first test, done here without its setup: most choices of whole PFs
         # lose at once, and there are C(candidates, extra_whole) of them per pairing.
         pf_numa, vfs = self.shape.pf_numa, sp.vfs
@@ -554,7 +615,7 @@ class Search:
             for j in wset:
                 wnuma |= 1 << pf_numa[j]
                 wmask |= 1 << j
-            if self._loses(worst, total, partial(self.span_numa, wnuma), crowd,
+            if self._loses(worst, mism, total, partial(self.span_numa, wnuma), crowd,
                            partial(self.aligned, gpus_after, self.open0 & ~wmask),
                            partial(self._tie_not_after, (gset, targets, wset))):
                 continue
@@ -569,7 +630,7 @@ class Search:
         if not self.pooled:
             self._fill_one_pool(fixed, wset, tmin, tmax)
             return
-        gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
+        gset, targets, worst, mism, total, crowd, mask, gpus_after, paired_whole_mask = fixed
         sp, npf, rvf = self.spec, self.npf, self.free.vfs
         self.explored += npf * (1 + len(self.others))  # its passes over the PFs
         pf_numa = self.shape.pf_numa
@@ -643,7 +704,7 @@ class Search:
                     return
                 closed = whole_mask | (closable & ~notfull)
                 a = self.aligned(gpus_after, self.open0 & ~closed)
-                key = (worst, total, s[0], crowd[0], crowd[1], -a)
+                key = (worst, mism, total, s[0], crowd[0], crowd[1], -a)
                 vfms = tuple(j for c in counts for j in range(npf) for _ in range(c[j]))
                 tie = (gset, targets, wset, vfms)
                 if self.best_key is None or (key, tie) < (self.best_key, self.best_tie):
@@ -653,7 +714,7 @@ class Search:
                     if self.any_feasible:
                         raise _Found
                 return
-            if self._loses(worst, total,
+            if self._loses(worst, mism, total,
                            lambda: (self.span(cmask | snuma[idx]) or (None,))[0], crowd,
                            lambda: self.aligned(
                                gpus_after, self.open0 & ~(
@@ -685,7 +746,7 @@ class Search:
         """`_fill` where one pool is all there is (no other pool asked, none with a free VF):
         its hottest loop without the pools' bookkeeping, which costs a node without pools
         about 10% of a cold search (docs/decisions/0085)."""
-        gset, targets, worst, total, crowd, mask, gpus_after, paired_whole_mask = fixed
+        gset, targets, worst, mism, total, crowd, mask, gpus_after, paired_whole_mask = fixed
         sp, npf, rvf = self.spec, self.npf, self.free.vfs
         self.explored += npf  # its passes over the PFs
         pf_numa = self.shape.pf_numa
@@ -730,7 +791,7 @@ class Search:
                 if s is None:
                     return
                 a = self.aligned(gpus_after, self.open0 & ~closed)
-                key = (worst, total, s[0], crowd[0], crowd[1], -a)
+                key = (worst, mism, total, s[0], crowd[0], crowd[1], -a)
                 vfms = tuple(j for j in range(npf) for _ in range(counts[j]))
                 tie = (gset, targets, wset, vfms)
                 if self.best_key is None or (key, tie) < (self.best_key, self.best_tie):
@@ -739,7 +800,7 @@ class Search:
                     if self.any_feasible:
                         raise _Found
                 return
-            if self._loses(worst, total,
+            if self._loses(worst, mism, total,
                            lambda: (self.span(cmask | snuma[idx]) or (None,))[0], crowd,
                            lambda: self.aligned(gpus_after,
                                                 self.open0 & ~(closed | sclosed[idx])),
@@ -796,9 +857,10 @@ class _Pairing:
     tables that prune it. Each complete pairing goes on to level 3 (`Search._instances`).
     """
 
-    __slots__ = ("closed", "gpus_after", "gset", "inst", "loads", "maxload", "mode",
-                 "nearest_pfs", "next_class", "numa", "paired", "search", "suffix", "sumsq",
-                 "targets", "total", "unpaired", "unpaired_max", "visited", "wholes", "worst")
+    __slots__ = ("closed", "gpus_after", "gset", "inst", "loads", "maxload", "mism", "mode",
+                 "nearest_pfs", "next_class", "numa", "paired", "rail_bound", "search",
+                 "suffix", "sumsq", "targets", "total", "unpaired", "unpaired_max", "visited",
+                 "wholes", "worst")
 
     def __init__(self, search: Search, gset: tuple[int, ...], numa: int,
                  gpus_after: int) -> None:
@@ -819,8 +881,11 @@ class _Pairing:
         self.nearest_pfs = {i: {j for dd, j, _ in offers[i] if dd == best_of[i]} for i in gset}
         self.next_class = {i: next((dd for dd, _, _ in offers[i] if dd > best_of[i]), INF)
                            for i in gset}
+        # `rails: preferred` with every GPU paired: mismatches of the positions left are
+        # bounded in `_loses` (`Search.rail_misses`).
+        self.rail_bound = search.rails_fixed and not search.spec.rails_required
         # Prefixes met so far, by what decides their futures (`_dominated`).
-        self.visited: dict[tuple, list[tuple[int, int, tuple]]] = {}
+        self.visited: dict[tuple, list[tuple[int, int, int, tuple]]] = {}
         # The prefix.
         npf = search.npf
         self.loads = [0] * npf  # pairs on each PF
@@ -829,6 +894,7 @@ class _Pairing:
         self.paired = 0  # GPUs placed with a NIC
         self.unpaired = 0  # GPUs placed without one
         self.worst = 0  # worst pair distance
+        self.mism = 0  # pairs off the rail the job's sequence wants there
         self.total = 0  # sum of pair distances
         self.numa = numa  # NUMA bits of the GPUs and of the PFs chosen
         self.inst = 0  # VFs the PFs giving VFs need at least (each serves ≤ `hi` GPUs)
@@ -850,7 +916,14 @@ class _Pairing:
             return
         if self.paired < s.spec.pairs:
             offers = s.offers[self.gset[d]]
-            if self.paired:
+            rails = s.spec.rails
+            if rails and self.paired < len(rails) and rails[self.paired] >= 0:
+                # The rail wanted here first among equals: the first leaf then usually
+                # keeps the sequence, which prunes the rest sooner.
+                want, pf_rail, loads = rails[self.paired], s.shape.pf_rail, self.loads
+                offers = sorted(offers, key=lambda o: (o[0], pf_rail[o[1]] != want,
+                                                       loads[o[1]], o[1], o[2]))
+            elif self.paired:
                 # Nearest first and, among equals, the least loaded PF first: the first
                 # leaf is then usually uncrowded, which prunes the rest sooner.
                 loads = self.loads
@@ -872,6 +945,14 @@ class _Pairing:
         """Pair the next GPU with PF `j` (one of its VFs, or the PF whole) at `dist`.
         Returns what `_unplace` puts back, or None when the request's counts forbid it."""
         sp = self.search.spec
+        miss = 0
+        rails = sp.rails
+        if rails and self.paired < len(rails):
+            want = rails[self.paired]
+            if want >= 0 and self.search.shape.pf_rail[j] != want:
+                if sp.rails_required:
+                    return None
+                miss = 1
         load, m = self.loads[j], self.mode[j]
         inst, wholes, closed = self.inst, self.wholes, self.closed
         if kind == _VF:
@@ -890,13 +971,14 @@ class _Pairing:
                 return None
             self.wholes = wholes + (m == _UNUSED)
             self.closed = closed | (1 << j)
-        undo: _Undo = (load, m, inst, wholes, closed, self.worst, self.total, self.numa,
-                self.maxload, self.sumsq)
+        undo: _Undo = (load, m, inst, wholes, closed, self.worst, self.mism, self.total,
+                       self.numa, self.maxload, self.sumsq)
         self.loads[j] = load + 1
         self.mode[j] = kind
         self.targets.append((j, kind))
         self.paired += 1
         self.worst = max(self.worst, dist)
+        self.mism += miss
         self.total += dist
         self.numa |= 1 << self.search.shape.pf_numa[j]
         self.maxload = max(self.maxload, load + 1)
@@ -905,7 +987,7 @@ class _Pairing:
 
     def _unplace(self, j: int, undo: _Undo) -> None:
         (self.loads[j], self.mode[j], self.inst, self.wholes, self.closed, self.worst,
-         self.total, self.numa, self.maxload, self.sumsq) = undo
+         self.mism, self.total, self.numa, self.maxload, self.sumsq) = undo
         self.targets.pop()
         self.paired -= 1
 
@@ -927,7 +1009,8 @@ class _Pairing:
         else:
             lw, ls = worst, total
         crowd_min = s.crowd_min
-        return s._loses(lw, ls, lambda: s.span_numa(self.numa),
+        lm = self.mism + (s.rail_misses(self.gset, d, lw) if self.rail_bound else 0)
+        return s._loses(lw, lm, ls, lambda: s.span_numa(self.numa),
                         (max(self.maxload, 1 if need else 0, crowd_min[0]),
                          max(self.sumsq + need, crowd_min[1])),
                         lambda: s.aligned(self.gpus_after, s.open0 & ~self.closed),
@@ -944,15 +1027,16 @@ class _Pairing:
         prefix: a GPU paired later can raise both worsts to the same value. This collapses
         GPU orders that shared pairing multiplies."""
         state = (d, tuple(self.loads), tuple(self.mode))
-        worst, total, prefix = self.worst, self.total, tuple(self.targets)
+        worst, mism, total, prefix = self.worst, self.mism, self.total, tuple(self.targets)
         seen = self.visited.get(state)
         if seen is None:
-            self.visited[state] = [(worst, total, prefix)]
+            self.visited[state] = [(worst, mism, total, prefix)]
             return False
-        for w, t, p in seen:
-            if w <= worst and t <= total and (t < total or p < prefix):
+        for w, m, t, p in seen:
+            if w <= worst and m <= mism and t <= total and (m < mism or t < total
+                                                             or p < prefix):
                 return True
-        seen.append((worst, total, prefix))
+        seen.append((worst, mism, total, prefix))
         return False
 
     def _shared_bound(self, d: int) -> tuple[int, int] | None:

@@ -70,6 +70,7 @@ class NodeShape:
     numa_ids: tuple[int, ...]  # real NUMA node ids, ascending; bit b ↔ numa_ids[b]
     gpu_numa: tuple[int, ...]  # bit index per GPU (len(numa_ids) means "unknown")
     pf_numa: tuple[int, ...]
+    pf_rail: tuple[int, ...]  # per PF: its fabric rail, −1 when not known (docs/rails.md)
     vfs: tuple[tuple[Vf, ...], ...]  # allocatable VFs per PF, lowest vf index first
     # VF pools (docs/decisions/0085): their names (None, the default pool, first), and per
     # PF the pool index of each VF of `vfs`, and how many of them each pool has.
@@ -140,6 +141,7 @@ def build_shape(topology: NodeTopology, caches_by_key: dict[tuple, ShapeCaches],
         numa_ids=numa_ids,
         gpu_numa=tuple(numa_bit(g.numa_node) for g in gpus),
         pf_numa=tuple(numa_bit(n.numa_node) for n in pfs),
+        pf_rail=tuple(-1 if n.rail is None else n.rail for n in pfs),
         vfs=vfs,
         **_pools(pfs, vfs, pool_names),
         has_held_vfs=held,

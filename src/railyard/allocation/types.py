@@ -58,6 +58,8 @@ class Pair:
     gpu: GpuRef
     nic: NicRef
     distance: Distance
+    # The fabric rail of the NIC's port (docs/rails.md); None: the node does not know it.
+    rail: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +104,11 @@ class Allocation:
     @property
     def pfs(self) -> tuple[NicRef, ...]:
         return tuple(n for n in self.all_nics if n.kind == "pf")
+
+    @property
+    def rails(self) -> tuple[int | None, ...]:
+        """The rail of each pair, in pair order: the pod's rail sequence."""
+        return tuple(p.rail for p in self.pairs)
 
     @property
     def worst_distance(self) -> Distance | None:

@@ -35,6 +35,7 @@ class DeviceIndex:
                 self.nics[v.pci_address] = NicRef.of_vf(n, v)
                 self.uverbs[v.pci_address] = v.uverbs
         self.numa = {n.pci_address: n.numa_node for n in topology.nics}
+        self.rail = {n.pci_address: n.rail for n in topology.nics}  # docs/rails.md
 
     def gpu_ref(self, device_id: str) -> GpuRef:
         return GpuRef.of(self.gpus[device_id])
@@ -125,7 +126,7 @@ def reconcile(topology: NodeTopology, base: Allocation | None,
             if n is None:
                 unpaired_gpus.append(g)
             else:
-                pairs.append(Pair(g, n, idx.distance(g, n)))
+                pairs.append(Pair(g, n, idx.distance(g, n), idx.rail.get(n.pf_pci_address)))
         paired = {p.nic.pci_address for p in pairs}
         rest_nics = [n for n in nics if n.pci_address not in paired]
     else:
@@ -191,7 +192,7 @@ def pair_container(topology: NodeTopology, alloc: Allocation, gpus: Iterable[str
                 continue
             n = min(free, key=lambda n: (idx.distance(g, n), load[n.pci_address],
                                          n.pci_address))
-            pairs.append(Pair(g, n, idx.distance(g, n)))
+            pairs.append(Pair(g, n, idx.distance(g, n), idx.rail.get(n.pf_pci_address)))
             load[n.pci_address] += 1
     order = [g.device_id for g in alloc.all_gpus]
     pairs.sort(key=lambda p: order.index(p.gpu.device_id))

@@ -50,6 +50,7 @@ class HeldPair:
     gpu: GpuRef
     nic: NicRef
     distance: Distance
+    rail: int | None = None  # the NIC's fabric rail as the record says (docs/rails.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,8 @@ def container_pairs(alloc: Allocation, gpus: Iterable[str], nics: Iterable[str],
     def nic(n: NicRef) -> NicRef:
         return named.get(n.pci_address, n)
 
-    pairs = tuple(HeldPair(i, p.gpu, nic(p.nic), p.distance) for i, p in enumerate(alloc.pairs)
+    pairs = tuple(HeldPair(i, p.gpu, nic(p.nic), p.distance, p.rail)
+                  for i, p in enumerate(alloc.pairs)
                   if p.gpu.device_id in g_ids and p.nic.pci_address in n_ids)
     held_nics = {p.nic.pci_address: p.nic for p in pairs}
     for n in alloc.all_nics:
@@ -180,7 +182,8 @@ def pair_file_json(held: ContainerPairs, *, namespace: str, pod: str, uid: str,
 
     `podNetdev` is the name the CNI gives the NIC in the pod (`railyard.node.ifnames`, by the
     scheme the node is configured with, from the NIC's place among all the pod's NICs, as the
-    CNI counts them); `rail` is null until the node knows its NICs' rails.
+    CNI counts them); `rail` is the pair's rail as the record says, null when the node does
+    not know its NICs' rails (docs/rails.md).
     """
     netdevs = allocation_ifnames(held.allocation, options.pod_ifname_scheme, options.pod_ifname)
     ordinals = cuda_ordinals(held.gpus)
@@ -200,7 +203,7 @@ def pair_file_json(held: ContainerPairs, *, namespace: str, pod: str, uid: str,
         "node": held.allocation.node,
         "decidedBy": held.allocation.decided_by,
         "pairs": [{"index": p.index, "gpu": gpu(p.gpu), "nic": nic(p.nic),
-                   "distance": p.distance.name, "rail": None} for p in held.pairs],
+                   "distance": p.distance.name, "rail": p.rail} for p in held.pairs],
         "nics": [nic(n) for n in held.unpaired_nics],
         "gpus": [gpu(g) for g in held.unpaired_gpus],
     }

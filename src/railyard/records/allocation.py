@@ -15,6 +15,7 @@ from typing import Any
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.records.fields import FieldError, Fields, kind_of
 from railyard.topology.model import Distance
+from railyard.topology.rails import MAX_RAIL
 
 VERSION = 1
 # Kubernetes refuses a pod whose annotations together exceed 256 KiB
@@ -66,13 +67,18 @@ def allocation_to_json(a: Allocation) -> dict[str, Any]:
         "numaNodes": list(a.numa_nodes),
         "cpus": a.cpus,
         "memoryBytes": {str(numa): b for numa, b in a.memory_bytes},
-        "pairs": [
-            {"gpu": gpu_to_json(p.gpu), "nic": nic_to_json(p.nic), "distance": p.distance.name}
-            for p in a.pairs
-        ],
+        "pairs": [pair_to_json(p) for p in a.pairs],
         "nics": [nic_to_json(n) for n in a.nics],
         "gpus": [gpu_to_json(g) for g in a.gpus],
     }
+
+
+def pair_to_json(p: Pair) -> dict[str, Any]:
+    out: dict[str, Any] = {"gpu": gpu_to_json(p.gpu), "nic": nic_to_json(p.nic),
+                           "distance": p.distance.name}
+    if p.rail is not None:  # absent: rail not known, as every record before rails says
+        out["rail"] = p.rail
+    return out
 
 
 def encode_allocation(a: Allocation) -> str:
@@ -135,7 +141,8 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
         except ValueError as e:
             p.fail("distance", str(e))
         pairs.append(Pair(gpu_from_json(p.get("gpu"), p.at("gpu")),
-                          nic_from_json(p.get("nic"), p.at("nic")), distance))
+                          nic_from_json(p.get("nic"), p.at("nic")), distance,
+                          None if p.get("rail") is None else p.integer("rail", 0, MAX_RAIL)))
     nics = [nic_from_json(n, at) for n, at in f.items("nics", optional=True)]
     gpus = [gpu_from_json(g, at) for g, at in f.items("gpus", optional=True)]
     _same_nic_same_fields(pairs, nics, where)

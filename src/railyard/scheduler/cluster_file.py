@@ -39,6 +39,8 @@ class BoundPod:
     uid: str
     node: str
     allocation: Allocation | None
+    # Its job (`railyard.allocation.jobs.job_of`), whose pods share one rail sequence.
+    job: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +64,18 @@ class Cluster:
 def pod_to_json(p: BoundPod) -> dict[str, Any]:
     """The `{namespace, name, uid, node, allocation}` form of cluster files, state files and
     `GET /allocations`."""
-    return {
+    out = {
         "namespace": p.namespace, "name": p.name, "uid": p.uid, "node": p.node,
         "allocation": allocation_to_json(p.allocation) if p.allocation is not None else None,
     }
+    if p.job is not None:  # absent: no job, as every file before rails says
+        out["job"] = p.job
+    return out
 
 
 def pod_from_json(v: Any, where: str) -> BoundPod:
     f = Fields(v, where, ClusterFileError)
-    f.only(("namespace", "name", "uid", "node", "allocation"))
+    f.only(("namespace", "name", "uid", "node", "allocation", "job"))
     node = f.string("node", nonempty=True)
     raw = f.get("allocation")
     alloc = None
@@ -81,8 +86,9 @@ def pod_from_json(v: Any, where: str) -> BoundPod:
             raise ClusterFileError(e.path, e.reason) from None
         if alloc.node != node:
             f.fail("allocation.node", f"{alloc.node!r} differs from the pod's node {node!r}")
+    job = f.string("job", nonempty=True) if f.get("job") is not None else None
     return BoundPod(f.string("namespace", nonempty=True), f.string("name", nonempty=True),
-                    f.string("uid", nonempty=True), node, alloc)
+                    f.string("uid", nonempty=True), node, alloc, job)
 
 
 # ------------------------------------------------------------------------ nodes

@@ -23,6 +23,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
@@ -245,7 +246,8 @@ class Extender:
         """Ask the state, encode. In the worker; on the loop without `search`, which raises
         NeedsSearch (before any count or change) when an answer is not known yet."""
         args, facts, names = call
-        out = self.state.filter(facts.request, names, uid=facts.uid, search=search)
+        request = self.state.job_request(facts.request, facts.job)  # docs/rails.md
+        out = self.state.filter(request, names, uid=facts.uid, search=search)
         self.pods.put(facts)
         if self.state.pod(facts.uid) is not None:
             self.metrics.failure("filter", m.ALREADY_BOUND, len(out.unresolvable))
@@ -299,7 +301,8 @@ class Extender:
 
     def _prioritize(self, call: tuple[PodFacts, list[str]], search: bool = True) -> web.Response:
         facts, names = call
-        scores = self.state.scores(facts.request, names, uid=facts.uid, search=search)
+        request = self.state.job_request(facts.request, facts.job)  # docs/rails.md
+        scores = self.state.scores(request, names, uid=facts.uid, search=search)
         self.pods.put(facts)
         return _json(list(map(HostPriority, scores.keys(), scores.values())))
 
@@ -404,15 +407,18 @@ class Extender:
             if not error:
                 self.metrics.pods.set(self.state.pod_count())
             return error
-        bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, facts.request)
+        # The job's rails as of now: a pod of the job bound since this one's filter counts.
+        request = self.state.job_request(facts.request, facts.job)
+        bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, request)
         try:  # on the loop when the allocator's memo holds the answer (filter asked it)
-            result = self.state.bind(*bind, search=False)
+            result = self.state.bind(*bind, search=False, job=facts.job)
         except NeedsSearch:
-            result = await self._in_worker(self.state.bind, *bind)
+            result = await self._in_worker(partial(self.state.bind, job=facts.job), *bind)
         if isinstance(result, Infeasible):
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"
-        pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, result)
+        pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, result,
+                       facts.job)
         error = await self._write(pod, who)
         if not error:
             self.metrics.allocations.inc()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol, cast
 
 from railyard.allocation.allocator import Allocator
+from railyard.allocation.jobs import job_rails
 from railyard.allocation.ledger import Ledger, LedgerConflict
 from railyard.allocation.request import Request
 from railyard.allocation.search import SEARCH_BUDGET
@@ -210,6 +211,34 @@ def _free_part(ledger: Ledger, *allocations: Allocation | None) -> Allocation | 
                       nics=tuple(nics.values()), gpus=tuple(gpus.values()))
 
 
+class _PodTable(dict[str, BoundPod]):
+    """The pods bound, by UID, and the UIDs of each job's pods (docs/rails.md): a job's rail
+    sequence is read from its pods' records on every filter, so it must not cost a scan."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_job: dict[str, set[str]] = {}
+
+    def __setitem__(self, uid: str, pod: BoundPod) -> None:
+        old = self.get(uid)
+        if old is not None:
+            self._forget(old)
+        super().__setitem__(uid, pod)
+        if pod.job is not None:
+            self.by_job.setdefault(pod.job, set()).add(uid)
+
+    def __delitem__(self, uid: str) -> None:
+        pod = self[uid]
+        super().__delitem__(uid)
+        self._forget(pod)
+
+    def _forget(self, pod: BoundPod) -> None:
+        if pod.job is not None and (uids := self.by_job.get(pod.job)) is not None:
+            uids.discard(pod.uid)
+            if not uids:
+                del self.by_job[pod.job]
+
+
 def now_rfc3339() -> str:
     return format_decided_at(datetime.now(UTC))
 
@@ -239,7 +268,7 @@ class ClusterState:
         self._group_of_name: dict[str, _Group] = {}
         for t in topologies:
             self.add_node(t)
-        self._pods: dict[str, BoundPod] = {}
+        self._pods = _PodTable()
         self._pods_lock = threading.Lock()  # taken inside a node lock, never around one
         # PCI addresses each node reports unhealthy; held under UNHEALTHY_HOLDER where free.
         self._unhealthy: dict[str, frozenset[str]] = {}
@@ -559,9 +588,33 @@ class ClusterState:
 
     # ------------------------------------------------------------------ changes
 
+    def job_rails(self, job: str | None) -> tuple[int | None, ...]:
+        """The rail sequence of `job` from the records of its pods bound so far (`jobs.
+        job_rails`); () for no job, or a job none of whose pods holds a pair yet."""
+        if job is None:
+            return ()
+        with self._pods_lock:
+            uids = self._pods.by_job.get(job)
+            if not uids:
+                return ()
+            held = [p.allocation.rails for u in uids
+                    if (p := self._pods[u]).allocation is not None]
+        return job_rails(held)
+
+    def job_request(self, request: Request, job: str | None) -> Request:
+        """`request` with its job's rail sequence (docs/rails.md): what filter, prioritize and
+        bind weigh for a pod of a job; the first pod of a job, like a pod of none, has none
+        and picks freely."""
+        if job is None or not request.gpus or request.rail_policy == "none":
+            return request
+        rails = self.job_rails(job)
+        return replace(request, rails=rails) if rails != request.rails else request
+
     def bind(self, uid: str, namespace: str, name: str, node: str, request: Request, *,
-             decided_at: str | None = None, search: bool = True) -> Allocation | Infeasible:
+             decided_at: str | None = None, search: bool = True,
+             job: str | None = None) -> Allocation | Infeasible:
         """Allocate on `node` against its latest ledger and hold the devices for `uid`.
+        `job`: the pod's job, recorded with it (its rails then steer the job's next pods).
 
         Idempotent: binding a UID again to the node it holds returns its Allocation. Without
         `search`, only from the allocator's memo: NeedsSearch (nothing held) otherwise.
@@ -598,7 +651,7 @@ class ClusterState:
                         ledger.add(uid, alloc)
                     except LedgerConflict as e:  # an allocator bug; never a double allocation
                         return Infeasible(f"allocation conflicts with the ledger: {e}")
-                    self._pods[uid] = BoundPod(namespace, name, uid, node, alloc)
+                    self._pods[uid] = BoundPod(namespace, name, uid, node, alloc, job)
                 return alloc
         return Infeasible(f"node {node!r} changed during each of {_BIND_TRIES} searches for "
                           f"{who}; kube-scheduler will retry")
@@ -747,7 +800,8 @@ class ClusterState:
             with self._pods_lock:
                 for p in pods:
                     if p.uid in unbound or p.node not in self._nodes:
-                        self._pods.pop(p.uid, None)
+                        if p.uid in self._pods:
+                            del self._pods[p.uid]
                     else:
                         self._pods[p.uid] = p
         return [p for p in waiting if p.uid not in unbound]

@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 
+from railyard.allocation.jobs import job_of
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.allocation.request import Request, RequestError, request_from_pod
 from railyard.records.fields import FieldError, pod_namespace
@@ -96,6 +97,7 @@ class PodFacts:
     name: str
     request: Request
     resource_version: str | None = None  # same UID and version: same pod, same request
+    job: str | None = None  # its job (`allocation.jobs.job_of`): one rail sequence per job
 
 
 class HostPriority(msgspec.Struct):
@@ -146,7 +148,8 @@ def pod_facts(pod: dict[str, Any] | None,
             if len(_requests) >= _REQUEST_CACHE:
                 _requests.clear()
             _requests[key] = request
-    return PodFacts(uid, namespace, name, request, version)
+    return PodFacts(uid, namespace, name, request, version,
+                    job_of(namespace, meta.get("labels")))
 
 
 # Parsed requests by everything `request_from_pod` reads (container and init container

@@ -1,0 +1,116 @@
+"""A job's pods get one rail sequence through the extender (docs/rails.md): the first pod of a
+job picks freely, each later one is filtered, scored and bound with the sequence the records
+of the job's pods already bound give — on nodes whose free GPUs would otherwise send it onto
+other rails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from scheduler_helpers import args, served
+
+from railyard.allocation.jobs import JOBSET_LABEL
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation
+from railyard.discovery.profiles import DGX_H100, build_topology
+from railyard.scheduler.cluster_file import BoundPod
+from railyard.scheduler.service import Extender
+from railyard.scheduler.state import ClusterState
+from support.allocations import allocation, nearest_vf
+from support.pods import asking
+
+NODES = ["n1", "n2", "n3", "n4"]
+
+
+def cluster() -> ClusterState:
+    """Four dgx-h100 nodes where other pods (no job) hold different GPUs, so a 2-GPU pod placed
+    by packing alone lands on different rails on each: n1 GPUs 0-1 held (it would take 2-3),
+    n2 none (0-1), n3 GPUs 4-7 (0-1), n4 GPU 0 (not 2-3 either)."""
+    topologies = [build_topology(DGX_H100, 4, node=n) for n in NODES]
+    state = ClusterState(topologies)
+    t3 = topologies[2]
+    state.restore([BoundPod("default", "other-n3", "n3-other", "n3",
+                            allocation(t3, [(g, nearest_vf(t3, g)) for g in (4, 5, 6, 7)]))])
+    for node, gpus in (("n1", 2), ("n4", 1)):
+        got = state.bind(f"{node}-other", "default", "other", node, Request(gpus=gpus, vfs=gpus))
+        assert isinstance(got, Allocation)
+    return state
+
+
+def job_pod(uid: str, hints: dict | None = None) -> dict:
+    p = asking(uid, gpus=2, vfs=2, namespace="ml", hints=hints)
+    p["metadata"]["labels"] = {JOBSET_LABEL: "llama"}
+    return p
+
+
+async def place(ext: Extender, pods: list[tuple[dict, str]]) -> list[dict]:
+    """Filter, prioritize and bind each pod in turn, onto the node given for it."""
+    out = []
+    async with served(ext) as url, aiohttp.ClientSession() as s:
+        async def post(path: str, body: dict) -> dict:
+            async with s.post(f"{url}{path}", data=json.dumps(body).encode(),
+                              headers={"Content-Type": "application/json"}) as r:
+                return await r.json()
+
+        for p, node in pods:
+            f = await post("/filter", args(p, NODES))
+            scores = await post("/prioritize", args(p, f["NodeNames"]))
+            meta = p["metadata"]
+            b = await post("/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],
+                                     "PodUID": meta["uid"], "Node": node})
+            assert b["Error"] == "", b
+            out.append({"filter": f, "scores": {h["Host"]: h["Score"] for h in scores}})
+    return out
+
+
+def rails_of(state: ClusterState, uid: str) -> tuple[int | None, ...]:
+    pod = state.pod(uid)
+    assert pod is not None and pod.allocation is not None
+    return pod.allocation.rails
+
+
+def test_four_pods_of_a_job_on_four_nodes_get_one_rail_sequence():
+    # Without a job, each node's packing gives a 2-GPU pod other rails than n1's first pod.
+    alone = cluster()
+    natural = [rails_of_bound(alone, n) for n in NODES]
+    assert natural[0] == (2, 3) and all(r != (2, 3) for r in natural[1:]), natural
+    state = cluster()
+    ext = Extender(state)
+    calls = asyncio.run(place(ext, [(job_pod(f"j{i}"), n) for i, n in enumerate(NODES)]))
+    assert [rails_of(state, f"j{i}") for i in range(4)] == [(2, 3)] * 4
+    assert state.job_rails("ml/jobset:llama") == (2, 3)
+    # Once the sequence is known the score steers: n1, whose rails 2-3 are taken by the
+    # first pod, ranks below n2, where they are free at PIX.
+    assert calls[1]["scores"]["n1"] < calls[1]["scores"]["n2"]
+
+
+def rails_of_bound(state: ClusterState, node: str) -> tuple[int | None, ...]:
+    got = state.bind(f"probe-{node}", "default", "probe", node, Request(gpus=2, vfs=2))
+    assert isinstance(got, Allocation)
+    return got.rails
+
+
+def test_required_rails_hold_even_where_packing_would_choose_other_gpus():
+    state = cluster()
+    ext = Extender(state)
+    hints = {"rails": "required"}
+    # n1's first pod holds GPUs 2-3: on n1 itself the second pod reaches rails 2-3 only
+    # through farther GPUs, which `preferred` would not take and `required` must.
+    asyncio.run(place(ext, [(job_pod("j0", hints), "n1"), (job_pod("j1", hints), "n1")]))
+    assert rails_of(state, "j1") == rails_of(state, "j0") == (2, 3)
+    got = state.pod("j1")
+    assert got is not None and got.allocation is not None
+    assert got.allocation.worst_distance is not None and got.allocation.worst_distance > 0
+
+
+def test_a_pod_without_a_job_is_placed_as_before_rails():
+    state, plain = cluster(), cluster()
+    ext = Extender(state)
+    p = asking("solo", gpus=2, vfs=2)
+    asyncio.run(place(ext, [(p, "n3")]))
+    again = plain.bind("solo", "default", "pod-solo", "n3", Request(gpus=2, vfs=2))
+    pod = state.pod("solo")
+    assert isinstance(again, Allocation) and pod is not None and pod.job is None
+    assert pod.allocation is not None and pod.allocation.pairs == again.pairs
