@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from railyard.cni import rdma
 from railyard.cni.shim import decode_env, encode_reply, encode_request, recv_blob, recv_exact
 from railyard.cni.spec import (
+    MAX_MSG_CHARS,
     CniError,
     IpamResult,
     PodArgs,
@@ -20,6 +21,7 @@ from railyard.cni.spec import (
     newest_common,
     pair_ifnames,
     parse_cni_args,
+    parse_env,
     parse_ipam_result,
 )
 
@@ -212,3 +214,23 @@ def test_shim_json_reader_rejects_what_json_rejects(data):
             loads(data)
     else:
         assert loads(data) == want
+
+
+@pytest.mark.parametrize("raw", [
+    {"CNI_COMMAND": "ADD" * 2500},
+    {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c" * 3000 + "/"},
+    {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "x" * 9000},
+], ids=["command", "container-id", "netns"])
+def test_an_error_quoting_a_huge_value_is_clipped(raw):
+    # Issue 19 (the fuzz sweep): a 7,500-character CNI_COMMAND came back whole in the error,
+    # which the runtime logs and may copy into the pod's Events.
+    env = {"CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin", **raw}
+    with pytest.raises(CniError) as e:
+        parse_env(env)
+    assert len(e.value.msg) <= MAX_MSG_CHARS and "more characters)" in e.value.msg
+    assert e.value.code == 4
+
+
+def test_an_error_that_fits_is_kept_whole():
+    e = CniError(4, "m" * 1024, "d" * 4096)
+    assert (e.msg, e.details) == ("m" * 1024, "d" * 4096)

@@ -314,3 +314,17 @@ def test_a_pod_bound_without_devices_is_left_to_the_api_server_once_its_events_a
                 PodStatus(phase="Pending"))
     sync.on_pod(Change("MODIFIED", "ml/p-1", bound))
     assert sync.state.pods() == []
+
+
+def test_a_spec_or_status_nested_past_the_decoder_is_a_bad_node_not_a_crash():
+    # The fuzz sweep: msgspec recurses on raw JSON and RecursionError escaped both decoders
+    # (the CRD's structural schema should stop such nesting before; the extender must not
+    # count on it).
+    deep = b"[" * 100_000 + b"]" * 100_000
+    sync = synced("a")
+    sync.on_topology(Change("MODIFIED", "a", TopologyObject(
+        ObjectMeta(name="a", generation=1, resource_version="2"), status=msgspec.Raw(deep))))
+    assert "a" in sync.state and sync.state.unhealthy("a") == frozenset()
+    sync.on_topology(Change("MODIFIED", "b", TopologyObject(
+        ObjectMeta(name="b", generation=1), msgspec.Raw(deep))))
+    assert "b" not in sync.state

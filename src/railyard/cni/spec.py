@@ -55,14 +55,28 @@ class Code(IntEnum):
     IPAM_FAILED = 105  # the delegated IPAM plugin failed without a spec code of its own
 
 
+# What an error may say, whatever a runtime or a network config put in the value it quotes:
+# the runtime logs it and may copy it into a pod's Events (issue 19: a 7,500-character
+# CNI_COMMAND came back whole).
+MAX_MSG_CHARS = 1024
+MAX_DETAILS_CHARS = 4096
+
+
+def _clipped(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 40]}… ({len(text) - (limit - 40)} more characters)"
+
+
 class CniError(Exception):
     """A failure the runtime sees as the spec's JSON error (code, msg, details)."""
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:
+        msg = _clipped(msg, MAX_MSG_CHARS)
         super().__init__(msg)
         self.code = int(code)
         self.msg = msg
-        self.details = details
+        self.details = _clipped(details, MAX_DETAILS_CHARS)
 
     def to_json(self, version: str) -> dict[str, Any]:
         return {"cniVersion": version, "code": self.code, "msg": self.msg,
