@@ -70,6 +70,11 @@ def simulate(
              "for a trace with creation and deletion times); draw: they arrive one after "
              "another and never leave (the FGD paper's method; the only one without times).")
     ] = None,
+    jobs: Annotated[int, typer.Option(
+        "--jobs", metavar="N",
+        help="Add N gangs beside the trace's pods: jobs of 2-4 pods of 2, 4 or 8 GPUs (a VF "
+             "per GPU), each placed all-or-nothing; metrics then say how many kept one rail "
+             "sequence (railConsistentJobShare; docs/simulator.md, \"Gangs\").")] = 0,
     progress: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
@@ -81,6 +86,7 @@ def simulate(
 
     try:
         from railyard.sim.arrivals import ARRIVAL_MODES, DemandRule, draw_arrivals, trace_arrivals
+        from railyard.sim.gangs import MAX_JOBS, add_gangs
         from railyard.sim.report import (
             FOOTNOTES,
             RunInfo,
@@ -106,6 +112,8 @@ def simulate(
         rule = DemandRule(vf_share=vf_share, strict=strict)
         if not 0 < load <= 10:
             raise ValueError(f"--load must be within (0, 10], got {load}")
+        if not 0 <= jobs <= MAX_JOBS:
+            raise ValueError(f"--jobs must be within 0..{MAX_JOBS}, got {jobs}")
         workload = load_trace(trace)
         if cluster is None:
             cluster = DEFAULT_DLRM_CLUSTER if workload.schema == "dlrm" else DEFAULT_CLUSTER
@@ -138,6 +146,7 @@ def simulate(
         arrivals, compression = trace_arrivals(workload, cluster_gpus, seed, rule, load)
     else:
         arrivals = draw_arrivals(workload, cluster_gpus, seed, rule, load)
+    arrivals = add_gangs(arrivals, jobs, seed)
 
     columns = (TextColumn("[bold]{task.description:<16}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn())

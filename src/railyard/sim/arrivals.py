@@ -77,6 +77,7 @@ class Arrival:
     request: Request
     arrive_s: float = 0.0  # on the replay's clock (`trace_arrivals`); draws all arrive at 0
     depart_s: float | None = None  # None: stays to the end of the run
+    job: str | None = None  # a gang's job (`sim.gangs`): placed all-or-nothing, one rail sequence
 
     @property
     def is_multi_gpu(self) -> bool:

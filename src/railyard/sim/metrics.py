@@ -63,10 +63,15 @@ class PolicyMetrics:
     # "atHalfLoad"/"atFullLoad" -> state when requested GPUs first reached 50%/100% of the
     # cluster's (the FGD paper reports allocation at 100% arrived load)
     snapshots: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Gangs (`sim.gangs`): per job, its pods' rail sequences as placed, and how many it has.
+    job_rails: dict[str, list[tuple[int | None, ...]]] = field(default_factory=dict)
+    job_sizes: Counter = field(default_factory=Counter)
 
     def record(self, arrival: Arrival, result: object, topology: NodeTopology | None,
                latency_s: float) -> None:
         req = arrival.request
+        if arrival.job is not None:
+            self.job_sizes[arrival.job] += 1
         self.arrived += 1
         self.arrived_gpus += req.gpus
         self.live_requested_gpus += req.gpus
@@ -95,6 +100,8 @@ class PolicyMetrics:
                 self.multi_placed += 1
                 self.multi_efficiency.append(collective_efficiency(pairs))
                 self.multi_gdr += gdr_capable(pairs, req.gpus)
+            if arrival.job is not None:
+                self.job_rails.setdefault(arrival.job, []).append(rail_sequence(topology, pairs))
         else:
             self.failures[arrival.kind] += 1
             if self.first_failure_ratio is None:
@@ -167,6 +174,22 @@ class PolicyMetrics:
     def gdr_pod_share(self) -> float:
         return self.multi_gdr / self.multi_arrived if self.multi_arrived else 0.0
 
+    @property
+    def gdr_placed_share(self) -> float:
+        """GDR-capable multi-GPU pods / multi-GPU pods placed (not arrived)."""
+        return self.multi_gdr / self.multi_placed if self.multi_placed else 0.0
+
+    @property
+    def rail_consistent_job_share(self) -> float | None:
+        """Of the gangs fully placed, the share whose pods all hold one rail sequence (pair
+        i of every pod on one rail; docs/rails.md); None when no gang was placed."""
+        placed = [rails for job, rails in self.job_rails.items()
+                  if len(rails) == self.job_sizes[job]]
+        if not placed:
+            return None
+        same = sum(1 for rails in placed if None not in rails[0] and len(set(rails)) == 1)
+        return same / len(placed)
+
     def as_json(self, with_latency: bool = True) -> dict[str, Any]:
         out: dict[str, Any] = {
             "podsArrived": self.arrived,
@@ -186,6 +209,12 @@ class PolicyMetrics:
             "multiGpuPodsPlaced": self.multi_placed,
             "gdrCapableMultiGpuPods": self.multi_gdr,
             "gdrCapablePodShare": round(self.gdr_pod_share, 6),
+            "gdrCapablePlacedShare": round(self.gdr_placed_share, 6),
+            "railConsistentJobShare": (None if (r := self.rail_consistent_job_share) is None
+                                       else round(r, 6)),
+            "gangsArrived": len(self.job_sizes),
+            "gangsPlaced": sum(1 for job, rails in self.job_rails.items()
+                               if len(rails) == self.job_sizes[job]),
             "rdmaPodsPlaced": self.rdma_placed,
             "collectiveEfficiencyMultiGpu": _mean(self.multi_efficiency),
             "networkEfficiencyRdmaPods": _mean(self.rdma_efficiency),
@@ -208,6 +237,14 @@ class PolicyMetrics:
         paths), usually the slowest of a policy's run; on a run under 100 pods the
         nearest-rank p99 is the maximum, so it would be that one warm-up."""
         return self.latencies_s[1:] or self.latencies_s
+
+
+def rail_sequence(topology: NodeTopology, pairs: Sequence[JudgedPair]
+                  ) -> tuple[int | None, ...]:
+    """A placed pod's rail sequence: the rail of each pair's NIC, pairs in GPU address order
+    (Railyard's pair order; the baselines' pairs are the best matching `judge` finds)."""
+    rail = {n.pci_address: n.rail for n in topology.nics}
+    return tuple(rail.get(p.pf) for p in sorted(pairs, key=lambda p: p.gpu))
 
 
 def nic_states(topologies: Sequence[NodeTopology],

@@ -30,11 +30,12 @@ class Policy(Protocol):
 
     name: str
 
-    def place(self, uid: str, request: Request,
-              nodes: Sequence[str] | None = None) -> Allocation | Infeasible:
+    def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
+              job: str | None = None) -> Allocation | Infeasible:
         """Decide and record a placement for pod `uid` on one of `nodes` (default: every
         node; the simulator passes those kube-scheduler's own filters let through), or say
-        why none exists."""
+        why none exists. `job`: the pod's job, when it is a gang's (the baselines, like
+        today's stacks, ignore it)."""
         ...
 
     def release(self, uid: str) -> None:
@@ -138,8 +139,8 @@ class DevicePolicy:
 
     # -- the decision
 
-    def place(self, uid: str, request: Request,
-              nodes: Sequence[str] | None = None) -> Allocation | Infeasible:
+    def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
+              job: str | None = None) -> Allocation | Infeasible:
         if request.pfs or request.exclusive_cpus or request.memory_bytes:
             return Infeasible("the simulator's baselines place GPUs and VFs only")
         offered = [t.node for t in self.topologies] if nodes is None else nodes

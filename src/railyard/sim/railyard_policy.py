@@ -39,8 +39,10 @@ class RailyardPolicy:
     def ledgers(self) -> Mapping[str, Ledger]:
         return {n: self.state.ledger(n) for n in self._names}
 
-    def place(self, uid: str, request: Request,
-              nodes: Sequence[str] | None = None) -> Allocation | Infeasible:
+    def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
+              job: str | None = None) -> Allocation | Infeasible:
+        # A gang's pod: its job's rail sequence, as the extender hands it (docs/rails.md).
+        request = self.state.job_request(request, job)
         outcome = self.state.filter(request, self._names if nodes is None else nodes)
         if not outcome.fits:
             reasons = {**outcome.failed, **outcome.unresolvable}
@@ -50,7 +52,7 @@ class RailyardPolicy:
         best = max(scores.values())
         node = self.rng.choice([n for n in outcome.fits if scores[n] == best])
         return self.state.bind(uid, SIM_NAMESPACE, uid, node, request,
-                               decided_at=SIM_DECIDED_AT)
+                               decided_at=SIM_DECIDED_AT, job=job)
 
     def release(self, uid: str) -> None:
         """The pod was deleted: the extender's release, as its pod watch calls it."""

@@ -117,6 +117,37 @@ class SimResult:
 
 # Called after every event with the policy and the CPU and memory it holds (for tests).
 Observer = Callable[[Policy, NodeResources], None]
+_NO_ROOM = "no node has "
+
+
+def _place_gang(policy: Policy, resources: NodeResources,
+                events: Sequence[tuple[bool, Arrival]], at: int
+                ) -> dict[str, Allocation | Infeasible]:
+    """Place the gang whose first pod is `events[at]`, all-or-nothing: its pods in turn (a
+    job's pods are consecutive arrivals), and when one does not fit, release those placed
+    and refuse every one of them, naming the pod that did not fit."""
+    job = events[at][1].job
+    pods = []
+    for departs, a in events[at:]:
+        if departs or a.job != job:
+            break
+        pods.append(a)
+    placed: dict[str, Allocation | Infeasible] = {}
+    for a in pods:
+        fitting = resources.candidates(a.pod)
+        result: Allocation | Infeasible = (
+            policy.place(a.uid, a.request, fitting, job=job) if fitting
+            else Infeasible(_NO_ROOM + f"room for pod {a.uid} of {job}"))
+        if isinstance(result, Infeasible):
+            for uid in placed:
+                policy.release(uid)
+                resources.release(uid)
+            why = Infeasible(f"gang {job}: pod {a.uid} does not fit, so none is placed "
+                             f"({result.reason})")
+            return {p.uid: why for p in pods}
+        resources.hold(a.uid, result.node, a.pod)
+        placed[a.uid] = result
+    return placed
 
 
 def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
@@ -144,7 +175,8 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
         resources = NodeResources(topologies)
         clock = time.perf_counter
         heat: list[list[tuple[int, int]]] = []
-        for departs, arrival in events:
+        gang_results: dict[str, Allocation | Infeasible] = {}
+        for at, (departs, arrival) in enumerate(events):
             if departs:
                 policy.release(arrival.uid)
                 resources.release(arrival.uid)
@@ -153,18 +185,23 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
                     observer(policy, resources)
                 continue
             t0 = clock()
-            fitting = resources.candidates(arrival.pod)
             result: Allocation | Infeasible
-            if fitting:
-                result = policy.place(arrival.uid, arrival.request, fitting)
+            if arrival.job is not None:
+                if arrival.uid not in gang_results:  # the gang's first pod: place them all
+                    gang_results.update(_place_gang(policy, resources, events, at))
+                result = gang_results.pop(arrival.uid)
             else:
-                result = Infeasible(f"no node has {arrival.pod.cpu_milli}m CPU and "
-                                    f"{arrival.pod.memory_mib} MiB of memory free (or its "
-                                    "role's nodes, or its application's per-node limit)")
-                m.node_filter_failures += 1
+                fitting = resources.candidates(arrival.pod)
+                if fitting:
+                    result = policy.place(arrival.uid, arrival.request, fitting)
+                else:
+                    result = Infeasible(_NO_ROOM + f"{arrival.pod.cpu_milli}m CPU and "
+                                        f"{arrival.pod.memory_mib} MiB of memory free (or its "
+                                        "role's nodes, or its application's per-node limit)")
+                    m.node_filter_failures += 1
+                if isinstance(result, Allocation):
+                    resources.hold(arrival.uid, result.node, arrival.pod)
             dt = clock() - t0
-            if isinstance(result, Allocation):
-                resources.hold(arrival.uid, result.node, arrival.pod)
             topo = by_name.get(getattr(result, "node", ""))
             m.record(arrival, result, topo, dt)
             for key, load in SNAPSHOT_LOADS.items():
