@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from railyard.agent.config import AgentConfig, ConfigError
 from railyard.cni.metrics import CniMetrics
@@ -69,6 +70,12 @@ from railyard.records.nodetopology_cr import (
     NodeTopologyStatus,
     status_from_resource,
 )
+from railyard.records.signature import (
+    NODE_KEY_ANNOTATION,
+    TRUST_ALL,
+    RecordTrust,
+    public_key_text,
+)
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -93,6 +100,18 @@ class AgentOptions:
     cni_socket: str | None = None
     # HOST:PORT of /metrics (docs/observability.md); None: not served.
     metrics_listen: tuple[str, int] | None = None
+    # Signed records (decision 0087), cluster mode: the node's own key signs its truth and
+    # is published on its NodeTopology; with the extender's public keys, only records
+    # signed for their pod are believed. Neither: every record is trusted.
+    signing_key: Ed25519PrivateKey | None = None
+    extender_keys: tuple[Ed25519PublicKey, ...] = ()
+
+    def record_trust(self) -> RecordTrust:
+        if not self.extender_keys:
+            return TRUST_ALL
+        own = self.signing_key.public_key() if self.signing_key is not None else None
+        node = self.node_name
+        return RecordTrust.keys(self.extender_keys, lambda n: own if n == node else None)
 
 
 class Agent:
@@ -109,7 +128,8 @@ class Agent:
         if pods is None:
             if kube is None:
                 raise ValueError("the agent needs a pods source or an API client")
-            pods = self._api_pods = ApiPods(kube, options.node_name, self.config.resources)
+            pods = self._api_pods = ApiPods(kube, options.node_name, self.config.resources,
+                                            trust=options.record_trust())
         self.pods: PodSource = pods
         self._topology = topology
         self.paths = KubeletPaths(options.kubelet_dir)
@@ -131,7 +151,8 @@ class Agent:
         self._dirty = False
         self._cni: object | None = None
         self.unhealthy: dict[str, str] = {}
-        self.write_back = (AllocationWriteBack(kube, self.store, self.pods)
+        self.write_back = (AllocationWriteBack(kube, self.store, self.pods,
+                                               options.signing_key)
                            if kube is not None else None)
         self.published: NodeTopologyStatus | None = None  # the status the API server has
         self._found: NodeTopologyStatus | None = None  # what it held when we started
@@ -570,7 +591,9 @@ class Agent:
         if status == self.published:
             return True
         try:
-            outcome = await publish(self.kube, self.topology, status)
+            key = self.options.signing_key
+            outcome = await publish(self.kube, self.topology, status, {} if key is None else
+                                    {NODE_KEY_ANNOTATION: public_key_text(key.public_key())})
         except (ApiError, ApiUnavailable) as e:
             log.warning("NodeTopology %s not published: %s", self.options.node_name, e)
             return False

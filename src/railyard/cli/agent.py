@@ -50,6 +50,16 @@ def agent(
         help="Serve Prometheus metrics (the agent's and its CNI service's) at "
              "http://HOST:PORT/metrics; ':PORT' listens on every interface. Off when not "
              "given (docs/observability.md).")] = None,
+    signing_key_file: Annotated[Path | None, typer.Option(
+        "--signing-key-file", metavar="FILE",
+        help="Cluster mode: this node's Ed25519 key (PEM), made there on first start if "
+             "absent: signs the node's truth written back to pods, its public half "
+             "published on the NodeTopology (docs/decisions/0087).")] = None,
+    extender_public_key_file: Annotated[list[Path] | None, typer.Option(
+        "--extender-public-key-file", metavar="FILE",
+        help="Cluster mode: the extender's Ed25519 public key (PEM; repeat while rotating). "
+             "Given: only records signed for their pod are believed (needs "
+             "--signing-key-file); not given: every record is trusted.")] = None,
     log_level: Annotated[str, typer.Option(
         "--log-level", metavar="LEVEL",
         help="debug, info, warning or error.")] = "info",
@@ -69,6 +79,8 @@ def agent(
     from railyard.kubelet.plugin import PluginError
     from railyard.kubelet.pods import PodsFile
     from railyard.node.errors import StateError
+    from railyard.node.keys import load_public_key, node_signing_key
+    from railyard.records.signature import SignatureKeyError
 
     level = getattr(logging, log_level.upper(), None)
     if not isinstance(level, int):
@@ -77,6 +89,18 @@ def agent(
     if pods_file is not None and kubeconfig is not None:
         fail("--pods-file and --kubeconfig: give one (the pods come from one source)")
     check_kube_limits(kube_qps, kube_burst)
+    if pods_file is not None and (signing_key_file or extender_public_key_file):
+        fail("--signing-key-file and --extender-public-key-file need cluster mode (with "
+             "--pods-file every record is trusted)")
+    if extender_public_key_file and signing_key_file is None:
+        fail("--extender-public-key-file needs --signing-key-file: an extender that checks "
+             "signatures believes only a node's truth signed with the node's key")
+    try:
+        signing_key = (node_signing_key(signing_key_file)
+                       if signing_key_file is not None else None)
+        extender_keys = tuple(load_public_key(f) for f in extender_public_key_file or ())
+    except SignatureKeyError as e:
+        fail(str(e))
     try:
         metrics_at = (parse_listen(metrics_listen, "--metrics-listen")
                       if metrics_listen is not None else None)
@@ -95,7 +119,8 @@ def agent(
         node_agent = Agent(
             AgentOptions(node_name=node_name, sysfs_root=str(sysfs_root),
                          kubelet_dir=str(kubelet_dir), state_dir=str(state_dir),
-                         cni_socket=cni_socket, metrics_listen=metrics_at),
+                         cni_socket=cni_socket, metrics_listen=metrics_at,
+                         signing_key=signing_key, extender_keys=extender_keys),
             PodsFile(pods_file, cfg.resources) if pods_file is not None else None, cfg,
             kube=kube)
     except (ConfigError, StateError) as e:

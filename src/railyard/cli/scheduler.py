@@ -18,6 +18,8 @@ from railyard.cli.app import KubeBurst, KubeQps, app, check_kube_limits, fail
 if TYPE_CHECKING:
     import ssl
 
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from railyard.scheduler.service import Extender
 
 DEFAULT_LISTEN = "127.0.0.1:8888"
@@ -109,6 +111,12 @@ def scheduler(
              "agents' vfPools and kube-scheduler's managedResources list the same names): "
              "pods asking for it are read as asking VFs of that pool (docs/decisions/0085).")
     ] = None,
+    signing_key_file: Annotated[Path | None, typer.Option(
+        "--signing-key-file", metavar="FILE",
+        help="On the API: sign every record with this Ed25519 private key (PEM; openssl "
+             "genpkey -algorithm ed25519) and believe only signed records: decisions signed "
+             "with it, node truths signed with the key each node's NodeTopology publishes. "
+             "Without it every record is trusted (docs/decisions/0087).")] = None,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
@@ -154,10 +162,12 @@ def scheduler(
                                       leader_elect_lease_duration, leader_elect_renew_deadline,
                                       leader_elect_retry_period)
         _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
-                   tls, names)
+                   tls, names, _signing_key(signing_key_file))
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
+    if signing_key_file is not None:
+        fail("--signing-key-file needs the API (with --cluster-file every record is trusted)")
     token = None
     if admin_token_file is not None:
         try:
@@ -193,6 +203,18 @@ def scheduler(
     finally:
         if sf is not None:
             sf.close()
+
+
+def _signing_key(path: Path | None) -> Ed25519PrivateKey | None:
+    from railyard.node.keys import load_private_key
+    from railyard.records.signature import SignatureKeyError
+
+    if path is None:
+        return None
+    try:
+        return load_private_key(path)
+    except SignatureKeyError as e:
+        fail(f"--signing-key-file {e}")
 
 
 def _names(pools: list[str]) -> ResourceNames:
@@ -261,7 +283,8 @@ async def _serve(extender: Extender, host: str, port: int, source: str,
 
 def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
                qps: float, burst: int, election: LeaderElection | None,
-               tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES) -> None:
+               tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES,
+               signing_key: Ed25519PrivateKey | None = None) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -300,7 +323,8 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                 elector.on_change = lambda leads: log.info(
                     "%s %s the lease %s", identity, "holds" if leads else "does not hold",
                     lease)
-            cluster = ApiCluster(c, state, elector.is_leader if elector else None)
+            cluster = ApiCluster(c, state, elector.is_leader if elector else None,
+                                 signing_key)
             await cluster.start()
             # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,

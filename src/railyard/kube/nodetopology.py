@@ -9,6 +9,7 @@ spec so that two writers cannot interleave; a conflict reads the object again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
@@ -44,19 +45,22 @@ def path_of(node: str) -> str:
 
 
 async def publish(client: Client, topology: NodeTopology,
-                  status: NodeTopologyStatus | None = None) -> Published:
-    """Create or update the NodeTopology of `topology.node`, writing only what changed."""
+                  status: NodeTopologyStatus | None = None,
+                  annotations: Mapping[str, str] | None = None) -> Published:
+    """Create or update the NodeTopology of `topology.node`, writing only what changed;
+    `annotations` are set on it too (the node's record key, decision 0087)."""
     for _ in range(ATTEMPTS - 1):
         try:
-            return await _publish_once(client, topology, status)
+            return await _publish_once(client, topology, status, annotations or {})
         except ApiError as e:
             if not (e.conflict or e.not_found):  # someone wrote or deleted it meanwhile
                 raise
-    return await _publish_once(client, topology, status)
+    return await _publish_once(client, topology, status, annotations or {})
 
 
 async def _publish_once(client: Client, topology: NodeTopology,
-                        status: NodeTopologyStatus | None) -> Published:
+                        status: NodeTopologyStatus | None,
+                        annotations: Mapping[str, str]) -> Published:
     path = path_of(topology.node)
     spec = topology_to_json(topology)
     try:
@@ -65,8 +69,10 @@ async def _publish_once(client: Client, topology: NodeTopology,
         if not e.not_found:
             raise
         node = await client.get(f"/api/v1/nodes/{topology.node}", Object)
-        created = await client.create(COLLECTION, node_topology_resource(
-            topology, node.metadata.uid), NodeTopologyObject)
+        resource = node_topology_resource(topology, node.metadata.uid)
+        if annotations:
+            resource["metadata"]["annotations"] = dict(annotations)
+        created = await client.create(COLLECTION, resource, NodeTopologyObject)
         if status is not None:
             await _write_status(client, path, created.metadata.resource_version, status)
         return Published.CREATED
@@ -81,6 +87,9 @@ async def _publish_once(client: Client, topology: NodeTopology,
         ops.append({"op": "add", "path": "/metadata/ownerReferences",
                     "value": owner["ownerReferences"]
                     + [msgspec.to_builtins(o) for o in current.metadata.owner_references]})
+    if any(current.metadata.annotations.get(k) != v for k, v in annotations.items()):
+        ops.append({"op": "add", "path": "/metadata/annotations",
+                    "value": {**current.metadata.annotations, **annotations}})
     rv = current.metadata.resource_version
     if ops:
         ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": rv})

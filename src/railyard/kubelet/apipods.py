@@ -24,6 +24,7 @@ from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.objects import ObjectMeta
 from railyard.kube.reflector import Change, Reflector, key_of
 from railyard.kubelet.pods import PodError, PodView, pod_view
+from railyard.records.signature import TRUST_ALL, RecordTrust
 
 log = logging.getLogger(__name__)
 
@@ -70,8 +71,10 @@ class ApiPods:
     `PodSourceError`), then watches on a task of its own until `stop()`."""
 
     def __init__(self, client: Client, node: str, names: ResourceNames = DEFAULT_RESOURCES,
-                 *, look_up_timeout_s: float = LOOK_UP_TIMEOUT_S) -> None:
+                 *, look_up_timeout_s: float = LOOK_UP_TIMEOUT_S,
+                 trust: RecordTrust = TRUST_ALL) -> None:
         self.client, self.node, self.names = client, node, names
+        self.trust = trust  # which records to believe (decision 0087)
         self.params = {"fieldSelector": f"spec.nodeName={node}"}
         self.look_up_timeout_s = look_up_timeout_s
         self.reflector: Reflector[NodePod] = Reflector(client, PODS, NodePod,
@@ -157,7 +160,7 @@ class ApiPods:
 
     def _set(self, key: str, pod: NodePod) -> int:
         try:
-            view = pod_view(msgspec.to_builtins(pod), self.names)
+            view = pod_view(msgspec.to_builtins(pod), self.names, self.trust)
         except PodError as e:
             log.warning("pod %s: %s; pod ignored", key, e)
             self._views.pop(key, None)

@@ -26,6 +26,7 @@ from railyard.allocation.request import Request, RequestError, parse_quantity, r
 from railyard.allocation.types import Allocation
 from railyard.records.allocation import RecordError, decode_allocation
 from railyard.records.fields import FieldError, pod_namespace
+from railyard.records.signature import TRUST_ALL, RecordTrust
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,10 @@ def _list(parent: dict[str, Any], key: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
-    """Parse a v1 Pod; PodError only when the pod cannot be identified at all."""
+def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES,
+             trust: RecordTrust = TRUST_ALL) -> PodView:
+    """Parse a v1 Pod; PodError only when the pod cannot be identified at all. A record
+    `trust` does not believe (decision 0087) is no record, its reason the allocation_error."""
     if not isinstance(pod, dict):
         raise PodError("pod: expected an object")
     meta = pod.get("metadata")
@@ -167,6 +170,9 @@ def pod_view(pod: Any, names: ResourceNames = DEFAULT_RESOURCES) -> PodView:
                 allocation = decode_allocation(raw_alloc, ALLOCATION_ANNOTATION)
             except RecordError as e:
                 alloc_error = str(e)
+            why = trust.refusal(raw_alloc, meta["uid"]) if allocation is not None else None
+            if why is not None:
+                allocation, alloc_error = None, f"{ALLOCATION_ANNOTATION}: {why}"
     request = request_error = None
     try:
         request = request_from_pod(pod, names)

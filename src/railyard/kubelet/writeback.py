@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
 from railyard.kube.client import ApiError, ApiUnavailable, Client
@@ -18,6 +20,7 @@ from railyard.kube.objects import Object
 from railyard.kubelet.pods import PodSource, PodView
 from railyard.node.state import StateStore
 from railyard.records.allocation import encode_allocation
+from railyard.records.signature import sign_record
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +32,10 @@ def pod_path(namespace: str, name: str) -> str:
 class AllocationWriteBack:
     """Writes each node-decided record that its pod's annotation does not match yet."""
 
-    def __init__(self, client: Client, store: StateStore, pods: PodSource) -> None:
+    def __init__(self, client: Client, store: StateStore, pods: PodSource,
+                 signing_key: Ed25519PrivateKey | None = None) -> None:
         self.client, self.store, self.pods = client, store, pods
+        self.signing_key = signing_key  # the node's own key: signs its truth (decision 0087)
         self._written: dict[str, str] = {}  # uid → the annotation last written
         self.writes = 0
 
@@ -45,19 +50,23 @@ class AllocationWriteBack:
             if pod.allocation == rec.allocation:
                 self._written.pop(rec.uid, None)
                 continue
-            if self._written.get(rec.uid) == encode_allocation(rec.allocation):
+            if self._written.get(rec.uid) == self._text(rec.uid, rec.allocation):
                 continue  # written; the watch has not brought the pod back yet
             out.append((pod, rec.allocation))
         for uid in self._written.keys() - live.keys():
             del self._written[uid]
         return out
 
+    def _text(self, uid: str, allocation: Allocation) -> str:
+        text = encode_allocation(allocation)
+        return text if self.signing_key is None else sign_record(text, uid, self.signing_key)
+
     async def write(self) -> int:
         """PATCH every pod that is due; how many were written. Failures are logged and
         tried again on the next call."""
         done = 0
         for pod, allocation in self.due():
-            text = encode_allocation(allocation)
+            text = self._text(pod.uid, allocation)
             body = {"metadata": {"uid": pod.uid, "annotations": {ALLOCATION_ANNOTATION: text}}}
             try:
                 await self.client.patch(pod_path(pod.namespace, pod.name), body, Object)

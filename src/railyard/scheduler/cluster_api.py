@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from railyard.allocation.jobs import job_of
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
 from railyard.kube.client import Client
@@ -32,6 +32,14 @@ from railyard.records.nodetopology_cr import (
     NodeTopologyResourceError,
     spec_from_resource,
     status_from_json,
+)
+from railyard.records.signature import (
+    NODE_KEY_ANNOTATION,
+    TRUST_ALL,
+    RecordTrust,
+    SignatureKeyError,
+    public_key_from_text,
+    sign_record,
 )
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import ClusterState
@@ -105,18 +113,25 @@ class TopologyShapes:
             self._by_key.pop(key, None)
 
 
-def pod_allocation(pod: Pod) -> Allocation | None:
+def pod_allocation(pod: Pod, trust: RecordTrust = TRUST_ALL) -> Allocation | None:
     """The devices a pod holds by its record: its Allocation, unless it has finished (a
-    Job's pod must not keep capacity) or has none. A record that does not decode is logged
+    Job's pod must not keep capacity) or has none. A record that does not decode, or that
+    `trust` does not believe (decision 0087: unsigned, or signed for another pod), is logged
     and counts as none: the pod was not placed by this codec's writer."""
     raw = pod.metadata.annotations.get(ALLOCATION_ANNOTATION)
     if raw is None or pod.status.phase in FINISHED:
         return None
     try:
-        return decode_allocation(raw, ALLOCATION_ANNOTATION)
+        allocation = decode_allocation(raw, ALLOCATION_ANNOTATION)
     except RecordError as e:
         log.warning("pod %s/%s: ignoring its %s", pod.metadata.namespace, pod.metadata.name, e)
         return None
+    why = trust.refusal(raw, pod.metadata.uid)
+    if why is not None:
+        log.warning("pod %s/%s: ignoring its %s: %s", pod.metadata.namespace,
+                    pod.metadata.name, ALLOCATION_ANNOTATION, why)
+        return None
+    return allocation
 
 
 class ClusterSync:
@@ -136,6 +151,16 @@ class ClusterSync:
         self.written: set[str] = set()
         self.on_pods_changed: Callable[[], None] | None = None
         self.decoded = 0  # specs decoded (a status-only change decodes none)
+        # Signed records (decision 0087): off until require_signatures. Node keys come from
+        # the NodeTopologies; pods refused meanwhile are read again when a node's key changes.
+        self.trust = TRUST_ALL
+        self.node_keys: dict[str, Ed25519PublicKey] = {}
+        self._unproven: dict[str, Pod] = {}
+
+    def require_signatures(self, extender: list[Ed25519PublicKey]) -> None:
+        """Believe only records signed for their pod: decisions by one of `extender`, a
+        node's truth by the key its agent publishes on its NodeTopology."""
+        self.trust = RecordTrust.keys(extender, self.node_keys.get)
 
     # ------------------------------------------------------------------ nodes
 
@@ -144,7 +169,9 @@ class ClusterSync:
         name = obj.metadata.name
         if change.type == "DELETED":
             self._forget_node(name)
+            self._take_key(name, None)
             return
+        self._take_key(name, obj.metadata.annotations.get(NODE_KEY_ANNOTATION))
         # The store keeps metadata only (and no buffer).
         spec, obj.spec = obj.spec, _NO_SPEC
         status, obj.status = obj.status, _NO_SPEC
@@ -163,7 +190,7 @@ class ClusterSync:
                 return True
             topology = self.shapes.take(key, name, spec)
             self.decoded += 1
-        except (NodeTopologyResourceError, msgspec.DecodeError, RecursionError) as e:
+        except (NodeTopologyResourceError, msgspec.DecodeError) as e:
             log.warning("NodeTopology %s: %s; the node is unknown to Railyard until it is "
                         "fixed", name, e)
             self._forget_node(name)
@@ -176,11 +203,30 @@ class ClusterSync:
         self._changed()
         return True
 
+    def _take_key(self, name: str, text: str | None) -> None:
+        """The public key of the node's truth, as its agent publishes it; pods whose record
+        was refused are read again when it changes (their node's key may have come late)."""
+        key = None
+        if text is not None:
+            try:
+                key = public_key_from_text(text, f"NodeTopology {name}: {NODE_KEY_ANNOTATION}")
+            except SignatureKeyError as e:
+                log.warning("%s; the node's truth cannot be checked", e)
+        old = self.node_keys.get(name)
+        if key is None:
+            self.node_keys.pop(name, None)
+        else:
+            self.node_keys[name] = key
+        if old != key and self.trust.enforced:
+            for pod in list(self._unproven.values()):
+                self.on_pod(Change("MODIFIED", f"{pod.metadata.namespace}/{pod.metadata.name}",
+                                   pod))
+
     def _take_health(self, name: str, status: msgspec.Raw) -> None:
         """The devices the node's agent reports unhealthy are kept from new pods."""
         try:
             bad = unhealthy_of(status)
-        except (NodeTopologyResourceError, msgspec.DecodeError, RecursionError) as e:
+        except (NodeTopologyResourceError, msgspec.DecodeError) as e:
             log.warning("NodeTopology %s: %s; keeping the health it reported before", name, e)
             return
         if bad != self.state.unhealthy(name):
@@ -200,7 +246,12 @@ class ClusterSync:
         uid = pod.metadata.uid
         if uid in self.recording:
             return  # the binder decides, and rolls back itself if it fails
-        alloc = None if change.type == "DELETED" else pod_allocation(pod)
+        alloc = None if change.type == "DELETED" else pod_allocation(pod, self.trust)
+        if (alloc is None and self.trust.enforced and change.type != "DELETED"
+                and ALLOCATION_ANNOTATION in pod.metadata.annotations):
+            self._unproven[uid] = pod
+        else:
+            self._unproven.pop(uid, None)
         if alloc is None:
             if (change.type != "DELETED" and uid in self.written
                     and pod.status.phase not in FINISHED
@@ -215,8 +266,7 @@ class ClusterSync:
                 self._changed()
             return
         self.written.discard(uid)
-        bound = BoundPod(pod.metadata.namespace, pod.metadata.name, uid, alloc.node, alloc,
-                         job_of(pod.metadata.namespace, pod.metadata.labels))
+        bound = BoundPod(pod.metadata.namespace, pod.metadata.name, uid, alloc.node, alloc)
         if self._held.get(uid) == bound and self.state.pod(uid) is not None:
             return
         self._held[uid] = bound
@@ -282,8 +332,10 @@ class PodBinder:
     failure leaves one without the other."""
 
     def __init__(self, client: Client, sync: ClusterSync,
-                 fence: Callable[[], bool] | None = None) -> None:
+                 fence: Callable[[], bool] | None = None,
+                 signing_key: Ed25519PrivateKey | None = None) -> None:
         self.client, self.sync = client, sync
+        self.signing_key = signing_key  # signs each record for its pod (decision 0087)
         # Leader election's fence (decision 0074): checked right before the write, so a
         # leader that could not renew writes nothing more.
         self.fence = fence
@@ -298,7 +350,10 @@ class PodBinder:
         metadata: dict[str, Any] = {"name": pod.name, "namespace": pod.namespace,
                                     "uid": pod.uid}
         if pod.allocation is not None:
-            metadata["annotations"] = {ALLOCATION_ANNOTATION: encode_allocation(pod.allocation)}
+            text = encode_allocation(pod.allocation)
+            if self.signing_key is not None:
+                text = sign_record(text, pod.uid, self.signing_key)
+            metadata["annotations"] = {ALLOCATION_ANNOTATION: text}
         self.sync.recording.add(pod.uid)
         try:
             await self.client.create(
@@ -328,13 +383,16 @@ class ApiCluster:
     then watches on; `stop()` ends the watches."""
 
     def __init__(self, client: Client, state: ClusterState,
-                 fence: Callable[[], bool] | None = None) -> None:
+                 fence: Callable[[], bool] | None = None,
+                 signing_key: Ed25519PrivateKey | None = None) -> None:
         self.client = client
         self.sync = ClusterSync(state)
+        if signing_key is not None:
+            self.sync.require_signatures([signing_key.public_key()])
         self.topologies: Reflector[TopologyObject] = Reflector(
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
         self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
-        self.binder = PodBinder(client, self.sync, fence)
+        self.binder = PodBinder(client, self.sync, fence, signing_key)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout_s: float = 120.0) -> None:
