@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from railyard.allocation.jobs import job_of
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.types import Allocation
 from railyard.kube.client import Client
@@ -266,7 +267,8 @@ class ClusterSync:
                 self._changed()
             return
         self.written.discard(uid)
-        bound = BoundPod(pod.metadata.namespace, pod.metadata.name, uid, alloc.node, alloc)
+        bound = BoundPod(pod.metadata.namespace, pod.metadata.name, uid, alloc.node, alloc,
+                         job_of(pod.metadata.namespace, pod.metadata.labels))
         if self._held.get(uid) == bound and self.state.pod(uid) is not None:
             return
         self._held[uid] = bound
