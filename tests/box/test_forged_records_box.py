@@ -8,14 +8,24 @@ record alone pass. Run by the lead with the other box tests (needs root)."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.records.allocation import encode_allocation
+from railyard.records.signature import NODE_KEY_ANNOTATION, public_key_text
+from railyard.records.topology import topology_to_json
 from support.allocations import allocation, h100, vf
 from support.box import get, kubebox, namespace, pod, running_box, wait_for
 from support.chart import MANIFESTS, NAMESPACE, documents
@@ -185,3 +195,122 @@ def test_an_agent_writes_only_its_nodes_truth_on_pods_bound_to_its_node(box, wor
     assert done.returncode == 0, done.stderr
     owner = get(box, "pod", "owner", "-n", ns)
     assert owner["metadata"]["annotations"][ALLOCATION_ANNOTATION] == _record(decided_by="node")
+
+
+def _topology_object(node: str, key: str | None = None) -> dict:
+    meta: dict = {"name": node}
+    if key is not None:
+        meta["annotations"] = {NODE_KEY_ANNOTATION: key}
+    return {"apiVersion": "railyard.dev/v1alpha1", "kind": "NodeTopology", "metadata": meta,
+            "spec": topology_to_json(h100(node=node))}
+
+
+def test_an_agent_publishes_only_its_own_nodes_topology_and_record_key(box, world):
+    agent_a = _as_token(box, world["folder"] / "agent-a-nt", "railyard-agent",
+                        "--bound-object-kind=Node", "--bound-object-name=node-a")
+    key = public_key_text(Ed25519PrivateKey.generate().public_key())
+    done = _kubectl(box, agent_a, "create", "-f", "-",
+                    input=json.dumps(_topology_object("node-b", key)))
+    assert done.returncode != 0 and "writes only the NodeTopology of the node" in done.stderr
+    done = _kubectl(box, agent_a, "create", "-f", "-",
+                    input=json.dumps(_topology_object("node-a", key)))
+    assert done.returncode == 0, done.stderr
+    other = public_key_text(Ed25519PrivateKey.generate().public_key())
+    done = kubebox.run([box.bin("kubectl"), "--kubeconfig", str(box.layout.admin_kubeconfig),
+                        "annotate", "--overwrite", "nodetopology", "node-a",
+                        f"{NODE_KEY_ANNOTATION}={other}"], check=False)
+    assert done.returncode != 0 and "is set by the agent of node node-a only" in done.stderr
+    box.kubectl("label", "nodetopology", "node-a", "team=a")  # the key left alone: passes
+
+
+def test_without_the_policy_a_copied_signed_record_is_ignored_by_the_extender(
+        box, world, tmp_path):
+    """Layer 2 alone: the pods' admission policy unbound, the extender (the chart's arguments,
+    its ServiceAccount's token, a signing key) binds `signed-owner`; a pod created with its
+    record copied, signature and the extender's field-manager name included, is left out of
+    the ledger: the VFs stay the owner's only."""
+    ns = world["ns"]
+    box.kubectl("delete", "validatingadmissionpolicybinding", "railyard-allocation-records")
+    probe = json.dumps(_annotated(pod("probe", ["true"]), _record()))
+    wait_for("the pods' admission policy to be gone", lambda: _as_alice(
+        box, "create", "--dry-run=server", "-n", ns, "-f", "-", input=probe).returncode == 0,
+        timeout=60)
+    key_file = tmp_path / "signing.key"
+    key_file.write_bytes(Ed25519PrivateKey.generate().private_bytes(
+        Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
+    node = "node-c"
+    box.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}))
+    box.kubectl("create", "-f", "-", input=json.dumps(_topology_object(node)))
+    [deployment] = [o for o in documents(MANIFESTS.read_text())
+                    if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    port = _free_port()
+    log = tmp_path / "extender.log"
+    extender_config = _as_token(box, tmp_path / "extender.kubeconfig", "railyard-extender")
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "railyard.cli.main",
+             *(a for a in args if not a.startswith("--listen")), "--listen",
+             f"127.0.0.1:{port}", "--kubeconfig", str(extender_config),
+             "--signing-key-file", str(key_file)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "POD_NAME": "forged-test"})
+    try:
+        wait_for("the extender to hold its Lease", lambda: box.kubectl(
+            "get", "lease", "railyard-scheduler", "-n", NAMESPACE, "-o",
+            "jsonpath={.spec.holderIdentity}", check=False).strip() == "forged-test",
+            timeout=60)
+        limits = {"nvidia.com/gpu": "2", "railyard.dev/vf": "2"}
+        owner = pod("signed-owner", ["sleep", "3600"], schedulerName="nobody")
+        owner["spec"]["containers"][0]["resources"] = {"limits": limits}
+        box.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(owner))
+        p = get(box, "pod", "signed-owner", "-n", ns)
+        wait_for("the extender to see the pod fit", lambda: _post(
+            port, "/filter", {"Pod": p, "NodeNames": [node]}).get("NodeNames") == [node],
+            timeout=60)
+        answer = _post(port, "/bind", {"PodName": "signed-owner", "PodNamespace": ns,
+                                       "PodUID": p["metadata"]["uid"], "Node": node})
+        assert not answer.get("Error"), answer
+        record = get(box, "pod", "signed-owner", "-n", ns)["metadata"]["annotations"][
+            ALLOCATION_ANNOTATION]
+        assert json.loads(record)["signature"]
+        thief = _annotated(pod("signed-thief", ["sleep", "3600"], nodeName=node), record)
+        thief["spec"]["containers"][0]["resources"] = {"limits": limits}
+        box.kubectl("create", "-n", ns, "--field-manager=railyard-scheduler", "-f", "-",
+                    input=json.dumps(thief))
+        wait_for("the extender to refuse the copied record", lambda: "did not make for this "
+                 "pod" in log.read_text(errors="replace"), timeout=60)
+        held = {q["name"]: q for q in _get_json(port, "/allocations")["pods"]}
+        assert "signed-owner" in held and "signed-thief" not in held
+        owned = {n["pciAddress"] for pair in held["signed-owner"]["allocation"]["pairs"]
+                 for n in [pair["nic"]]}
+        assert owned == {pair["nic"]["pciAddress"] for pair in json.loads(record)["pairs"]}
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        print(log.read_text(errors="replace")[-6000:])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(port: int, path: str, body: dict) -> dict:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def _get_json(port: int, path: str) -> dict:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+        return json.loads(answer.read())

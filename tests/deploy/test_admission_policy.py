@@ -1,8 +1,8 @@
-"""The chart's ValidatingAdmissionPolicy (templates/admission-policy.yaml, decision 0087) as
-rendered: it guards the record on every pod write that can carry it, names the release's
+"""The chart's ValidatingAdmissionPolicies (templates/admission-policy.yaml, decision 0087) as
+rendered: one guards the record on every pod write that can carry it, names the release's
 identities unless the values name others, and the node's truth it lets an agent write is the
-prefix the one codec really writes. Its CEL is run by kube-apiserver in
-tests/box/test_forged_records_box.py."""
+prefix the one codec really writes; the other holds an agent to its own node's NodeTopology
+and its record key. Their CEL is run by kube-apiserver in tests/box/test_forged_records_box.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.records.allocation import RecordError, decode_allocation, encode_allocation
+from railyard.records.signature import NODE_KEY_ANNOTATION
 from support.allocations import allocation, h100, vf
 from support.chart import CHART, MANIFESTS, NAMESPACE, documents, helm
 
@@ -23,10 +24,14 @@ POLICY = "ValidatingAdmissionPolicy"
 def render(tmp_path_factory):
     home = tmp_path_factory.mktemp("helm")
 
-    def render(*options: str) -> list[dict[str, Any]]:
-        return documents(helm(home, "template", "railyard", str(CHART), "--namespace",
-                              NAMESPACE, "--show-only", "templates/admission-policy.yaml",
-                              *options))
+    def render(*options: str, policy: str = "railyard-allocation-records"
+               ) -> list[dict[str, Any]]:
+        """The policy named `policy` and its binding."""
+        out = documents(helm(home, "template", "railyard", str(CHART), "--namespace",
+                             NAMESPACE, "--show-only", "templates/admission-policy.yaml",
+                             *options))
+        assert len(out) == 4
+        return [o for o in out if o["metadata"]["name"] == policy]
     return render
 
 
@@ -63,6 +68,20 @@ def test_identities_are_the_release_service_accounts_unless_the_values_name_othe
     assert variables["isAgent"] == 'request.userInfo.username in ["d"]'
 
 
+def test_an_agent_writes_only_its_nodes_topology_and_only_it_sets_the_record_key(render):
+    policy, binding = render(policy="railyard-node-topologies")
+    assert binding["spec"] == {"policyName": "railyard-node-topologies",
+                               "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": ["railyard.dev"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+         "resources": ["nodetopologies", "nodetopologies/*"]}]
+    variables = _variables(policy)
+    assert variables["isAgent"] == _variables(render()[0])["isAgent"]
+    assert NODE_KEY_ANNOTATION in variables["newKey"] and NODE_KEY_ANNOTATION in variables["oldKey"]
+
+
 def test_policy_can_be_left_out(tmp_path):
     out = helm(tmp_path, "template", "railyard", str(CHART), "--namespace", NAMESPACE,
                "--set", "admissionPolicy.enabled=false")
@@ -71,7 +90,7 @@ def test_policy_can_be_left_out(tmp_path):
 
 def test_the_rendered_manifests_carry_the_policy():
     kinds = [o["kind"] for o in documents(MANIFESTS.read_text())]
-    assert kinds.count(POLICY) == 1 and kinds.count(f"{POLICY}Binding") == 1
+    assert kinds.count(POLICY) == 2 and kinds.count(f"{POLICY}Binding") == 2
 
 
 def _node_truth_prefix(policy: dict[str, Any], node: str) -> str:

@@ -78,8 +78,8 @@ def test_template_renders_each_expected_kind_once_in_the_release_namespace(objec
     kinds = Counter(o["kind"] for o in objects)
     assert kinds == Counter({"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
                              "Role": 1, "RoleBinding": 1, "ConfigMap": 2, "Service": 1,
-                             "Deployment": 1, "DaemonSet": 1, "ValidatingAdmissionPolicy": 1,
-                             "ValidatingAdmissionPolicyBinding": 1})
+                             "Deployment": 1, "DaemonSet": 1, "ValidatingAdmissionPolicy": 2,
+                             "ValidatingAdmissionPolicyBinding": 2})
     for o in objects:
         assert o["apiVersion"] and o["metadata"]["name"]
         if not o["kind"].startswith(("Cluster", "ValidatingAdmissionPolicy")):
