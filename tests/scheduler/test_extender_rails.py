@@ -114,3 +114,33 @@ def test_a_pod_without_a_job_is_placed_as_before_rails():
     pod = state.pod("solo")
     assert isinstance(again, Allocation) and pod is not None and pod.job is None
     assert pod.allocation is not None and pod.allocation.pairs == again.pairs
+
+
+def test_preferred_rails_filter_as_plain_and_score_the_best_groups_exactly(monkeypatch):
+    """A preferred sequence never changes what fits, so filter answers as without it; scores
+    are exact for the idle nodes and the best few groups by plain score, and no other node
+    outranks the best of those (docs/benchmarks.md, "Rails")."""
+    from railyard.allocation.allocator import Allocator
+    from railyard.scheduler import state as state_module
+
+    monkeypatch.setattr(state_module, "RAIL_SCORED_GROUPS", 2)  # 7 groups in use: most capped
+    names = [f"m{i}" for i in range(14)]
+    topologies = [build_topology(DGX_H100, 2, node=n) for n in names]
+    state = ClusterState(topologies, Allocator())
+    for i, n in enumerate(names[:12]):  # a different number of GPUs held on each
+        for k in range(i % 7 + 1):
+            got = state.bind(f"{n}-{k}", "default", "other", n, Request(gpus=1, vfs=1))
+            assert isinstance(got, Allocation)
+    plain, railed = Request(gpus=2, vfs=2), Request(gpus=2, vfs=2, rails=(6, 7))
+    assert state.filter(railed, names).fits == state.filter(plain, names).fits
+    scores = state.scores(railed, names)
+    exact = {n: state.allocator.node_score(state.topology(n), state.ledger(n), railed)
+             for n in names}
+    same = [n for n in names if scores[n] == exact[n]]
+    assert {"m12", "m13"} <= set(same)  # the idle nodes
+    best = max(scores.values())
+    assert best == max(exact[n] for n in same)
+    assert all(scores[n] < best for n in names if n not in same)
+    winner = max(names, key=lambda n: scores[n])
+    got = state.bind("job-pod", "default", "job-pod", winner, railed)
+    assert isinstance(got, Allocation) and got.rails == (6, 7)

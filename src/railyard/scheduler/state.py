@@ -45,6 +45,9 @@ _BIND_TRIES = 3
 # call. Groups left once it is spent are answered "not decided" (never kept); the next call
 # goes on from what the memo holds by then.
 CALL_BUDGET = 2 * SEARCH_BUDGET
+# Non-idle groups whose score with a pod's preferred rail sequence is searched exactly, the
+# best by their plain score (`ClusterState._rail_scores`; docs/benchmarks.md, "Rails").
+RAIL_SCORED_GROUPS = 8
 
 
 class NodeAllocator(Protocol):
@@ -512,6 +515,9 @@ class ClusterState:
         A pod `uid` that already holds devices fits only the node it holds them on. Without
         `search`, only from the answers the groups hold (NeedsSearch otherwise).
         """
+        if request.wanted_rails and request.rail_policy == "preferred":
+            # A preferred sequence never changes whether a pod fits: the plain answers hold.
+            request = replace(request, rails=())
         names = list(node_names)
         out = FilterOutcome()
         held = self._pods.get(uid) if uid is not None else None
@@ -571,6 +577,8 @@ class ClusterState:
             return {name: 10 if name == held.node else 0 for name in names}
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
+        if request.wanted_rails and request.rail_policy == "preferred":
+            return self._rail_scores(request, names, uid, search)
         of_name, some_member = self._grouped(names)
         shape = request.shape
         score: dict[_Group | None, int] = {None: 0}
@@ -585,6 +593,36 @@ class ClusterState:
             assert known.score is not None
             score[g] = known.score
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
+
+    def _rail_scores(self, request: Request, names: list[str], uid: str | None,
+                     search: bool) -> dict[str, int]:
+        """Scores for a pod with a preferred rail sequence (docs/rails.md), bounded: each
+        new sequence is a search per group, so the exact score with the sequence is asked
+        only of the idle nodes' groups (one per shape) and of the RAIL_SCORED_GROUPS groups
+        the plain scores rank highest; every other node keeps its plain score, capped below
+        the best exact one (it is not known to keep the rails)."""
+        plain = self.scores(replace(request, rails=()), names, uid=uid, search=search)
+        of_name, some_member = self._grouped(names)
+        shape = request.shape
+        ranked = sorted(some_member.items(), key=lambda gm: -plain[gm[1]])
+        exact: dict[_Group | None, int] = {}
+        searched = 0
+        for g, member in ranked:
+            if plain[member] == 0:  # does not fit: a preferred sequence cannot change that
+                exact[g] = 0
+                continue
+            if g is not self._nodes[member].empty:
+                if searched >= RAIL_SCORED_GROUPS:
+                    continue
+                searched += 1
+            known = g.answers.get(shape)
+            if known is None or known.score is None:
+                known = self._answer(g, member, request, shape, score=True, search=search)
+            assert known.score is not None
+            exact[g] = known.score
+        cap = max(max(exact.values(), default=2) - 1, 1)
+        return {name: exact[g] if g in exact else min(plain[name], cap)
+                for name, g in zip(names, of_name, strict=True)}
 
     # ------------------------------------------------------------------ changes
 
