@@ -191,7 +191,7 @@ class ClusterSync:
                 return True
             topology = self.shapes.take(key, name, spec)
             self.decoded += 1
-        except (NodeTopologyResourceError, msgspec.DecodeError) as e:
+        except (NodeTopologyResourceError, msgspec.DecodeError, RecursionError) as e:
             log.warning("NodeTopology %s: %s; the node is unknown to Railyard until it is "
                         "fixed", name, e)
             self._forget_node(name)
@@ -227,7 +227,7 @@ class ClusterSync:
         """The devices the node's agent reports unhealthy are kept from new pods."""
         try:
             bad = unhealthy_of(status)
-        except (NodeTopologyResourceError, msgspec.DecodeError) as e:
+        except (NodeTopologyResourceError, msgspec.DecodeError, RecursionError) as e:
             log.warning("NodeTopology %s: %s; keeping the health it reported before", name, e)
             return
         if bad != self.state.unhealthy(name):
