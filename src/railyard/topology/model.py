@@ -43,7 +43,9 @@ class Distance(IntEnum):
             return cls[text.upper()]
         except KeyError:
             names = "|".join(d.name for d in cls)
-            raise ValueError(f"unknown distance class {text!r}: expected {names}") from None
+            # Quoted short: the text may be a peer's document, the error goes to logs.
+            shown = repr(text) if len(text) <= 40 else f"{text[:40]!r}… ({len(text)} characters)"
+            raise ValueError(f"unknown distance class {shown}: expected {names}") from None
 
 
 # Within PXB, NCCL uses GPUDirect RDMA by default (NCCL_NET_GDR_LEVEL).
