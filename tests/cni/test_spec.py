@@ -13,6 +13,7 @@ from railyard.cni import rdma
 from railyard.cni.shim import decode_env, encode_reply, encode_request, recv_blob, recv_exact
 from railyard.cni.spec import (
     MAX_MSG_CHARS,
+    MAX_NAME_CHARS,
     CniError,
     IpamResult,
     PodArgs,
@@ -23,6 +24,7 @@ from railyard.cni.spec import (
     parse_cni_args,
     parse_env,
     parse_ipam_result,
+    parse_netconf,
 )
 
 POD = {"K8S_POD_NAMESPACE": "team-a", "K8S_POD_NAME": "trainer-0",
@@ -234,3 +236,35 @@ def test_an_error_quoting_a_huge_value_is_clipped(raw):
 def test_an_error_that_fits_is_kept_whole():
     e = CniError(4, "m" * 1024, "d" * 4096)
     assert (e.msg, e.details) == ("m" * 1024, "d" * 4096)
+
+
+def test_a_container_id_or_network_name_too_long_for_a_file_name_is_code_4_or_7():
+    # The fuzz sweep: a 1,000-character network name reached the state folder as a file name
+    # and came back as code 5 (ENAMETOOLONG), an internal error.
+    env = {"CNI_COMMAND": "DEL", "CNI_IFNAME": "net1", "CNI_PATH": "/opt/cni/bin"}
+    assert parse_env({**env, "CNI_CONTAINERID": "c" * MAX_NAME_CHARS}).container_id
+    with pytest.raises(CniError) as e:
+        parse_env({**env, "CNI_CONTAINERID": "c" * (MAX_NAME_CHARS + 1)})
+    assert e.value.code == 4 and "200 or fewer" in e.value.msg
+    conf = {"cniVersion": "1.0.0", "type": "railyard-cni"}
+    assert parse_netconf({**conf, "name": "n" * MAX_NAME_CHARS}).name == "n" * MAX_NAME_CHARS
+    with pytest.raises(CniError) as e:
+        parse_netconf({**conf, "name": "n" * (MAX_NAME_CHARS + 1)})
+    assert e.value.code == 7 and "200 or fewer" in e.value.msg
+
+
+@pytest.mark.parametrize("where", ["name", "ipam-type"])
+def test_a_config_value_nested_deep_is_named_not_repr_d(where):
+    # The fuzz sweep (random draws): `got {name!r}` of a list nested 10,000 deep raised
+    # RecursionError instead of the config error.
+    deep: list = []
+    for _ in range(10_000):
+        deep = [deep]
+    conf = {"cniVersion": "1.0.0", "type": "railyard-cni", "name": "net"}
+    if where == "name":
+        conf["name"] = deep
+    else:
+        conf["ipam"] = {"type": deep}
+    with pytest.raises(CniError) as e:
+        parse_netconf(conf)
+    assert e.value.code == 7 and "got a list" in e.value.msg

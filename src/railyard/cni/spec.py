@@ -25,7 +25,7 @@ from railyard.node.ifnames import (
     pod_ifname,
     pod_ifnames,
 )
-from railyard.records.fields import FieldError, Fields
+from railyard.records.fields import FieldError, Fields, kind_of
 
 __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
 
@@ -60,6 +60,14 @@ class Code(IntEnum):
 # CNI_COMMAND came back whole).
 MAX_MSG_CHARS = 1024
 MAX_DETAILS_CHARS = 4096
+
+
+def _shown(value: Any) -> str:
+    """A value a config or a runtime gave, quoted for an error: a string's start, or what kind
+    of thing it is (repr of a value nested 10,000 deep would itself overflow the stack)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else f"{value[:60]!r}…"
+    return kind_of(value)
 
 
 def _clipped(text: str, limit: int) -> str:
@@ -111,7 +119,10 @@ def newest_common(ours_max: str, theirs: list[str] | tuple[str, ...],
 # Characters no interface name may hold: the kernel's (dev_valid_name: '/', ':', white space)
 # and ours ('%', which iproute2 reads as a format; NUL and other control characters).
 # Every pattern below is used with fullmatch: `$` would also pass a trailing newline.
-_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+# Both name files in the state folder (attachments/<network>/<container ID>:<ifname>.json), so
+# each stays well inside a file name's 255 bytes; runtimes use 64 hex digits for an ID.
+MAX_NAME_CHARS = 200
+_CONTAINER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")
 
 
 def check_ifname(name: str, what: str = "CNI_IFNAME") -> str:
@@ -242,7 +253,7 @@ def parse_env(env: Mapping[str, str]) -> Call:
             raise CniError(Code.INVALID_ENV, "CNI_CONTAINERID is required")
         if not _CONTAINER_ID.fullmatch(container_id):
             raise CniError(Code.INVALID_ENV,
-                           f"CNI_CONTAINERID {container_id!r} has characters other than "
+                           f"CNI_CONTAINERID {container_id!r} is not {MAX_NAME_CHARS} or fewer "
                            "letters, digits, '_', '.' and '-'")
         check_ifname(ifname)
         if command != "DEL" and not netns:
@@ -263,7 +274,7 @@ def parse_env(env: Mapping[str, str]) -> Call:
 
 # ----------------------------------------------------------------------- network config
 
-_NET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_NET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}")  # MAX_NAME_CHARS
 _PLUGIN_TYPE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _MAC = re.compile(r"[0-9a-fA-F]{2}(?::[0-9a-fA-F]{2}){5}")
 
@@ -338,7 +349,8 @@ def _ipam(f: Fields, key: str) -> Mapping[str, Any] | None:
         return None  # `"ipam": {}` means no IPAM, as in the reference plugins
     t = ipam.get("type")
     if not isinstance(t, str) or not _PLUGIN_TYPE.fullmatch(t):
-        ipam.fail("type", f"expected a plugin name (letters, digits, '_', '.', '-'), got {t!r}")
+        ipam.fail("type", "expected a plugin name (letters, digits, '_', '.', '-'), "
+                          f"got {_shown(t)}")
     return ipam.d
 
 
@@ -407,7 +419,8 @@ def _netconf(version: str, data: Mapping[str, Any]) -> NetConf:
     f = Fields(data, "", NetConfError)
     name = f.get("name")
     if not isinstance(name, str) or not _NET_NAME.fullmatch(name):
-        f.fail("name", f"expected a network name (letters, digits, '_', '.', '-'), got {name!r}")
+        f.fail("name", f"expected a network name ({MAX_NAME_CHARS} or fewer letters, digits, "
+                       f"'_', '.', '-'), got {_shown(name)}")
     ptype = f.string("type", nonempty=True, what="the plugin's name")
     if not _PLUGIN_TYPE.fullmatch(ptype):
         f.fail("type", f"expected a plugin name (letters, digits, '_', '.', '-'), got {ptype!r}")
@@ -532,7 +545,7 @@ def parse_ipam_result(data: Any, plugin: str) -> IpamResult:
 def _address(v: Any) -> None:
     """An IP address written as a string (`ipaddress` would take an integer too)."""
     if not isinstance(v, str):
-        raise ValueError(f"gateway {v!r}: expected an address string")
+        raise ValueError(f"gateway {_shown(v)}: expected an address string")
     ipaddress.ip_address(v)
 
 
