@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from railyard.discovery.profiles import PROFILES, build_topology
+from railyard.records.fields import MAX_ERROR_CHARS, FieldError, Fields
 from railyard.records.nodetopology_cr import (
     DeviceCounts,
     NodeTopologyStatus,
@@ -74,3 +75,11 @@ def test_every_field_the_agent_writes_survives_the_api_servers_pruning(schema, n
 
 def test_the_check_finds_a_field_the_schema_lacks(schema):
     assert pruned({"spec": {"node": "n1", "surprise": 1}}, schema) == [".spec.surprise"]
+
+
+def test_a_field_error_quoting_a_huge_value_says_at_most_a_kibibyte():
+    # The fuzz sweep (random draws): the one field reader's errors quoted a caller's value
+    # whole, 4 KiB to 70 KiB back into kube-scheduler's answers and the logs.
+    with pytest.raises(FieldError) as e:
+        Fields({"status": "True" * 5000}, "status").one_of("status", ("True", "False"))
+    assert len(str(e.value)) <= MAX_ERROR_CHARS and "more characters)" in str(e.value)

@@ -25,7 +25,7 @@ from railyard.node.ifnames import (
     pod_ifname,
     pod_ifnames,
 )
-from railyard.records.fields import FieldError, Fields, kind_of
+from railyard.records.fields import FieldError, Fields, clipped, kind_of
 
 __all__ = ["LATEST_VERSION", "SUPPORTED_VERSIONS"]
 
@@ -70,21 +70,15 @@ def _shown(value: Any) -> str:
     return kind_of(value)
 
 
-def _clipped(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit - 40]}… ({len(text) - (limit - 40)} more characters)"
-
-
 class CniError(Exception):
     """A failure the runtime sees as the spec's JSON error (code, msg, details)."""
 
     def __init__(self, code: int, msg: str, details: str = "") -> None:
-        msg = _clipped(msg, MAX_MSG_CHARS)
+        msg = clipped(msg, MAX_MSG_CHARS)
         super().__init__(msg)
         self.code = int(code)
         self.msg = msg
-        self.details = _clipped(details, MAX_DETAILS_CHARS)
+        self.details = clipped(details, MAX_DETAILS_CHARS)
 
     def to_json(self, version: str) -> dict[str, Any]:
         return {"cniVersion": version, "code": self.code, "msg": self.msg,

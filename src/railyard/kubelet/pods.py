@@ -25,7 +25,7 @@ from railyard.allocation.names import ALLOCATION_ANNOTATION, DEFAULT_RESOURCES, 
 from railyard.allocation.request import Request, RequestError, parse_quantity, request_from_pod
 from railyard.allocation.types import Allocation
 from railyard.records.allocation import RecordError, decode_allocation
-from railyard.records.fields import FieldError, pod_namespace
+from railyard.records.fields import FieldError, clipped, pod_namespace
 from railyard.records.signature import TRUST_ALL, RecordTrust
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 class PodError(ValueError):
     """A Pod object the agent cannot use at all (no UID, no name); names the field."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clipped(message))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,18 @@ from railyard.topology.model import PCI_ADDRESS_RE
 _MISSING: Any = object()
 
 
+# The most an error says, whatever value it quotes: errors go to kube-scheduler's answers,
+# logs and Events, and a caller's 256 KiB value must not come back whole (the fuzz sweep).
+MAX_ERROR_CHARS = 1024
+
+
+def clipped(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """`text`, or its start and how much was left out when it is longer than `limit`."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit - 40]}… ({len(text) - (limit - 40)} more characters)"
+
+
 class FieldError(ValueError):
     """A document with a value that cannot be used: which field (`path`), and why.
 
@@ -27,8 +39,9 @@ class FieldError(ValueError):
     """
 
     def __init__(self, path: str, reason: str, *, document: str = "") -> None:
+        path, reason = clipped(path, MAX_ERROR_CHARS // 2), clipped(reason)
         text = f"{path}: {reason}" if path else reason
-        super().__init__(f"{document}: {text}" if document else text)
+        super().__init__(clipped(f"{document}: {text}" if document else text))
         self.path = path
         self.reason = reason
         self.document = document

@@ -16,11 +16,14 @@ import msgspec
 from railyard.allocation.jobs import job_of
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.allocation.request import Request, RequestError, request_from_pod
-from railyard.records.fields import FieldError, pod_namespace
+from railyard.records.fields import FieldError, clipped, pod_namespace
 
 
 class WireError(ValueError):
     """A request kube-scheduler (or someone) sent that we cannot use; message names the field."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(clipped(message))
 
 
 # The most nodes one call may name: kube-scheduler supports clusters of 5,000 nodes and sends
