@@ -160,6 +160,17 @@ def registrations(box) -> int:
     return log.read_text(errors="replace").count("registered through the plugin watcher")
 
 
+def restart_agent(box) -> None:
+    """Restart the agent and wait until kubelet has registered its three plugins again. A pod
+    admitted before that meets kubelet holding the old endpoints' devices as unhealthy
+    (UnexpectedAdmissionError: "no healthy devices present")."""
+    registered = registrations(box)
+    box.restart("railyard-agent")
+    wait_for("kubelet to register the restarted agent's plugins", lambda: registrations(
+        box) >= registered + 3 and agent_serving(box), timeout=90)
+    time.sleep(2)  # the plugins' first ListAndWatch answers follow their registration
+
+
 def uid_of(box, ns: str, name: str) -> str:
     return get(box, "pod", name, "-n", ns)["metadata"]["uid"]
 
@@ -192,8 +203,7 @@ def test_agent_restarted_between_allocate_and_the_cni_add_gives_the_pod_exactly_
                            lambda: events(box, ns, "held", "FailedCreatePodSandBox"), timeout=90)
         assert "railyard CNI service unreachable" in message, message
         assert phase(box, ns, "held") == "Pending"
-        box.restart("railyard-agent")
-        wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+        restart_agent(box)
     finally:
         kubebox.run(box.on_node(["rm", "-f", str(aside)]))
     wait_for("the pod to succeed", lambda: phase(box, ns, "held") == "Succeeded", timeout=180)
@@ -343,8 +353,7 @@ def test_a_running_pod_survives_kubelet_and_agent_restarts_with_its_devices(rail
     box.restart("kubelet")  # removes kubelet's device-plugin sockets before it starts again
     wait_for("the agent's plugins registered with the new kubelet",
              lambda: registrations(box) >= registered + 3, timeout=90)
-    box.restart("railyard-agent")
-    wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+    restart_agent(box)
 
     now = get(box, "pod", "steady", "-n", ns)["status"]
     assert now["phase"] == "Running"
@@ -425,8 +434,7 @@ def test_cni_del_after_an_agent_restart_puts_the_vfs_back(railyard_box, ns):
     vfs = {v.netdev for v in allocation_of(box, ns, "moved").vfs}
     assert len(vfs) == 2 and not vfs & set(host_macs(box))
 
-    box.restart("railyard-agent")
-    wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+    restart_agent(box)
     box.kubectl("delete", "pod", "moved", "-n", ns, "--wait=true", "--timeout=120s")
     wait_for("the VFs back in the host", lambda: {n: host_macs(box).get(n) for n in vfs} == {
         n: before[n] for n in vfs}, timeout=60)
@@ -449,8 +457,7 @@ def test_the_node_state_folder_lost_is_rebuilt_and_says_what_it_could_not(railya
     box.stop("railyard-agent")
     state_dir(box).rename(lost)
     try:
-        box.restart("railyard-agent")
-        wait_for("the restarted agent to serve", lambda: agent_serving(box), timeout=90)
+        restart_agent(box)
         record = wait_for("the rebuilt record", lambda: agent_records(box).get(uid), timeout=60)
         assert devices(record.allocation) == devices(held)
         told = wait_for("the Node's RailyardNodeStateRebuilt event", lambda: node_told(
@@ -467,8 +474,7 @@ def test_the_node_state_folder_lost_is_rebuilt_and_says_what_it_could_not(railya
         box.stop("railyard-agent")
         shutil.copytree(lost / "cni", state_dir(box) / "cni", dirs_exist_ok=True)
         shutil.rmtree(lost)
-        box.restart("railyard-agent")
-        wait_for("the agent to serve again", lambda: agent_serving(box), timeout=90)
+        restart_agent(box)
 
 
 def test_extender_killed_mid_burst_of_binds_loses_no_bind_and_holds_nothing_twice(
