@@ -153,6 +153,14 @@ def kubelet_assigned(box, ns: str) -> dict[str, AssignedPod]:
     return {a.name: a for a in listed if a.namespace == ns}
 
 
+def as_sets(assigned: AssignedPod) -> dict[str, dict[str, frozenset[str]]]:
+    """A pod's PodResources devices without their order: kubelet lists each resource's IDs
+    out of a Go map (devicemanager `getContainerDevices`), so two `List` calls may order the
+    same devices differently. Pair order is the record's, never kubelet's."""
+    return {c: {r: frozenset(ids) for r, ids in per.items()}
+            for c, per in assigned.containers.items()}
+
+
 def registrations(box) -> int:
     """How many times kubelet has registered one of the agent's plugins (its log says each;
     in the box kubelet finds them through its plugin watcher)."""
@@ -346,7 +354,7 @@ def test_a_running_pod_survives_kubelet_and_agent_restarts_with_its_devices(rail
     held = allocation_of(box, ns, "steady")
     uid = uid_of(box, ns, "steady")
     container = get(box, "pod", "steady", "-n", ns)["status"]["containerStatuses"][0]
-    assigned = kubelet_assigned(box, ns)["steady"].containers
+    assigned = as_sets(kubelet_assigned(box, ns)["steady"])
     registered = registrations(box)
     assert registered >= 3, registered  # GPUs, VFs, PFs
 
@@ -361,7 +369,7 @@ def test_a_running_pod_survives_kubelet_and_agent_restarts_with_its_devices(rail
     assert (same["containerID"], same["restartCount"]) == (container["containerID"], 0)
     assert not events(box, ns, "steady", "UnexpectedAdmissionError")
     assert allocation_of(box, ns, "steady") == held
-    assert kubelet_assigned(box, ns)["steady"].containers == assigned
+    assert as_sets(kubelet_assigned(box, ns)["steady"]) == assigned
     record = wait_for("the agent's record", lambda: agent_records(box).get(uid), timeout=30)
     assert devices(record.allocation) == devices(held)
     moved = {v.netdev for v in held.vfs}

@@ -28,7 +28,8 @@ def unix_target(path: str) -> str:
 class AssignedPod:
     namespace: str
     name: str
-    # container -> resource -> device IDs (kubelet's order)
+    # container -> resource -> device IDs, in kubelet's order: built from a Go map, so it may
+    # differ between calls; nothing may read pair order from it
     containers: dict[str, dict[str, tuple[str, ...]]]
 
     def ids(self, resource: str) -> tuple[str, ...]:
