@@ -38,7 +38,7 @@ from railyard.allocation.shape import (
     free_state,
     same_shape,
 )
-from railyard.allocation.types import Allocation, Infeasible, NicRef, Pair, Refusal
+from railyard.allocation.types import Affinity, Allocation, Infeasible, NicRef, Pair, Refusal
 from railyard.topology.cpus import format_cpulist
 from railyard.topology.model import Distance, NodeTopology
 
@@ -86,6 +86,8 @@ class Allocator:
         # CPUs worked out, in shape indices (so valid for every node of the shape).
         self._plans: dict[tuple, _Plan | Refusal] = {}
         self._scores: dict[tuple, int] = {}
+        # Memo keys a feasibility-only search proved to fit (`fits`), best choice unknown.
+        self._feasible: set[tuple] = set()
         # (memo key, budget) -> the refusal of a decision that spent that budget: the search
         # is deterministic, so the same budget spends again at the same state; a larger one
         # searches afresh. Kept apart from the answers above, which never hold it.
@@ -116,7 +118,7 @@ class Allocator:
                   search: bool) -> Allocation | Infeasible | None:
         shape = self.shape(topology)
         group = (shape.id, ledger.signature(), _odd_used(shape, ledger))
-        key = (group, request.shape)
+        key = (group, request.search_shape)
         plan = self._plans.get(key)
         if plan is None:
             decided = self._decide(shape, group, ledger, request, search)
@@ -130,7 +132,13 @@ class Allocator:
             self._plans[key] = plan
         if isinstance(plan, Refusal):
             return plan.at(topology.node)
-        return _concrete(shape, ledger, plan)
+        alloc = _concrete(shape, ledger, plan)
+        if request.prefer_distance is not None and alloc.pairs:
+            # Recorded, never searched for: the worst pair is already the best this node has
+            # (item 2 of the key), whatever the pod prefers (docs/decisions/0091).
+            achieved = max(p.distance for p in alloc.pairs)
+            alloc = replace(alloc, affinity=Affinity(request.prefer_distance, achieved))
+        return alloc
 
     def group_key(self, topology: NodeTopology, ledger: Ledger | None) -> tuple:
         """Nodes with equal keys get equal answers to every request (up to their names).
@@ -153,6 +161,8 @@ class Allocator:
         PXB, 1 = a pair beyond PXB (no GPUDirect RDMA). Each tier owns a band of scores
         (`_BANDS`, higher tiers above lower ones); within its band a node moves up with how
         full it is after placing the pod (`binpack`) or how empty (`spread`), see `_packing`.
+        A pod preferring PHB or NODE (`Request.scored_preference`) splits tier 1: a node
+        whose worst pair meets the preference ranks above one beyond it (`_PREFERRED_BANDS`).
         """
         score = self._node_score(topology, ledger, request, search=True)
         assert score is not None
@@ -163,10 +173,54 @@ class Allocator:
         """`node_score` when the memo holds what it needs, else None (never searches)."""
         return self._node_score(topology, ledger, request, search=False)
 
+    def fits(self, topology: NodeTopology, ledger: Ledger, request: Request,
+             search: bool = True) -> Infeasible | bool | None:
+        """True when `request` fits this node now, else why not: the extender's filter
+        question, which needs no best choice. The same answer as `allocate` (an Allocation
+        exactly when True), cheaper for a `rails: required` sequence that the best choice
+        without it does not keep: there a feasibility-only search answers a yes, and only a
+        no costs the full decision, which says why (docs/rails.md, "Cost"). Without
+        `search`, None when the answer is not known yet."""
+        if not (request.rail_policy == "required" and request.wanted_rails
+                and Spec.of(request).pairs):
+            answer = self._allocate(topology, ledger, request, search)
+            return answer if answer is None or isinstance(answer, Infeasible) else True
+        shape = self.shape(topology)
+        group = (shape.id, ledger.signature(), _odd_used(shape, ledger))
+        key = (group, request.shape)
+        known = self._memo.get(key)
+        if known is not None:
+            return True if isinstance(known, Choice) else known.at(topology.node)
+        if key in self._feasible:
+            return True
+        plain = self._decide(shape, group, ledger, replace(request, rails=()), search)
+        if plain is None:
+            return None
+        if isinstance(plain, Refusal) and not plain.search_budget_spent:
+            return plain.at(topology.node)  # the sequence only narrows what fits
+        if isinstance(plain, Choice) and _keeps_rails(shape, plain, request):
+            return True
+        if not search:
+            return None
+        budget = Budget(self.search_budget)
+        try:
+            found = feasible(shape, free_state(shape, ledger, group[1]), request, budget)
+        except SearchBudgetSpent:
+            found = False  # not known within the budget: the full decision says so
+        finally:
+            self.explored += budget.used
+        if found:
+            if len(self._feasible) >= _MEMO_LIMIT:
+                self._feasible.clear()
+            self._feasible.add(key)
+            return True
+        answer = self._allocate(topology, ledger, request, search)
+        return answer if isinstance(answer, Infeasible) else True
+
     def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
                     search: bool) -> int | None:
         group = self.group_key(topology, ledger)
-        key = (group, request.shape)
+        key = (group, request.shape)  # the preference is part of it: it moves the score
         score = self._scores.get(key)
         if score is not None:
             return score
@@ -187,13 +241,16 @@ class Allocator:
             # Worst and summed distance, rail mismatches, span and crowding.
             same = not isinstance(ideal, Refusal) and decided.key[:6] == ideal.key[:6]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
+            preferred = request.scored_preference
             if worst <= Distance.PIX:
                 tier = 5 if same else 4
             elif worst <= Distance.PXB:
                 tier = 3 if same else 2
+            elif preferred is not None and worst > preferred:
+                tier = 0  # beyond PXB and beyond what the pod prefers
             else:
                 tier = 1
-            low, levels = _BANDS[tier]
+            low, levels = (_BANDS if preferred is None else _PREFERRED_BANDS)[tier]
             score = low + _packing(self.packing, levels, shape, group[1], request)
         if spent:
             return score  # depends on the budget, not only on the shape: not kept
@@ -240,7 +297,7 @@ class Allocator:
     def _decide(self, shape: NodeShape, group: tuple, ledger: Ledger | None,
                 request: Request, search: bool = True) -> Choice | Refusal | None:
         """The memo's decision, else (with `search`) a new one; None when it would search."""
-        key = (group, request.shape)
+        key = (group, request.search_shape)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -315,6 +372,10 @@ class Allocator:
 # Score band per tier: (lowest score, number of packing levels). Tiers never overlap, so
 # packing never outranks a better tier; the common tiers (PIX, PXB) get the most levels.
 _BANDS = {5: (7, 4), 4: (5, 2), 3: (3, 2), 2: (2, 1), 1: (1, 1)}
+# With a preference beyond PXB (PHB, NODE), tier 1 splits in two: 1 = its worst pair meets
+# the preference, 0 = it does not. The room comes from tier 3's packing levels: ranking by
+# the preference the pod asked for is worth more than grading PXB nodes by fullness.
+_PREFERRED_BANDS = {5: (7, 4), 4: (5, 2), 3: (4, 1), 2: (3, 1), 1: (2, 1), 0: (1, 1)}
 
 
 def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,

@@ -53,6 +53,10 @@ class Request:
     # mismatch infeasible, `preferred` counts mismatches in the key, `none` ignores them.
     rails: tuple[int | None, ...] = ()
     rail_policy: RailPolicy = "preferred"
+    # The `preferDistance` hint (docs/decisions/0091): the worst pair the pod would like.
+    # Never a limit: the allocator places the best worst pair the node has, as without it;
+    # it steers the node score (`scored_preference`) and is recorded with what was achieved.
+    prefer_distance: Distance | None = None
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vfs", "pfs", "exclusive_cpus", "memory_bytes"):
@@ -105,9 +109,28 @@ class Request:
     @property
     def shape(self) -> tuple:
         """Hashable identity for memoising: two equal shapes get equal answers."""
+        return (*self.search_shape, self.scored_preference)
+
+    @property
+    def search_shape(self) -> tuple:
+        """`shape` without the preference: what the allocation depends on. A preference
+        changes the node score, never the choice on a node, so the search memo is shared
+        between pods that prefer and pods that do not."""
         return (self.gpus, self.vfs, self.pfs, self.exclusive_cpus, self.memory_bytes,
                 self.max_distance, self.numa, self.pairing, self.pool_vfs, self.pair_pool,
                 self.wanted_rails, self.rail_policy if self.wanted_rails else None)
+
+    @property
+    def scored_preference(self) -> Distance | None:
+        """The preference where it changes the node score, else None (docs/allocation.md,
+        "Node score"): a preference looser than `maxDistance` is that limit; PIX and PXB
+        are already where the score's tiers break, and SYS is met everywhere."""
+        p = self.prefer_distance
+        if p is None:
+            return None
+        if self.max_distance is not None and p > self.max_distance:
+            p = self.max_distance
+        return p if Distance.PXB < p < Distance.SYS else None
 
     @property
     def wanted_rails(self) -> tuple[int | None, ...]:
@@ -365,21 +388,25 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
         raise RequestError(field, "expected a JSON object")
     # A hint's error quotes at most 40 characters of what it refuses (`_short`): the
     # annotation may be 256 KiB, its error goes to kube-scheduler, the logs and Events.
-    unknown = set(data) - {"maxDistance", "numa", "pairing", "pairPool", "rails"}
+    unknown = set(data) - {"maxDistance", "numa", "pairing", "pairPool", "preferDistance",
+                           "rails"}
     if unknown:
         key = sorted(unknown)[0]
         raise RequestError(f"{field}.{key if len(key) <= 40 else key[:37] + '...'}",
-                           "unknown key (known: maxDistance, numa, pairPool, pairing, rails)")
+                           "unknown key (known: maxDistance, numa, pairPool, pairing, "
+                           "preferDistance, rails)")
     out: dict[str, Any] = {}
-    if "maxDistance" in data:
-        v = data["maxDistance"]
+    for key, name in (("maxDistance", "max_distance"), ("preferDistance", "prefer_distance")):
+        if key not in data:
+            continue
+        v = data[key]
         distances = "|".join(d.name for d in Distance)
         if not isinstance(v, str):
-            raise RequestError(f"{field}.maxDistance", f"expected one of {distances}")
+            raise RequestError(f"{field}.{key}", f"expected one of {distances}")
         try:
-            out["max_distance"] = Distance.parse(v)
+            out[name] = Distance.parse(v)
         except ValueError:
-            raise RequestError(f"{field}.maxDistance",
+            raise RequestError(f"{field}.{key}",
                                f"unknown distance class {_short(v)}: expected {distances}"
                                ) from None
     if "numa" in data:

@@ -63,6 +63,19 @@ class Pair:
 
 
 @dataclass(frozen=True, slots=True)
+class Affinity:
+    """The pod's `preferDistance` and the worst pair it got (docs/decisions/0091)."""
+
+    preferred: Distance
+    achieved: Distance
+
+    @property
+    def fell_back(self) -> bool:
+        """Whether the pod got a worse worst pair than it preferred."""
+        return self.achieved > self.preferred
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     """One pod's devices on one node, in pair order.
 
@@ -80,6 +93,8 @@ class Allocation:
     decided_by: DecidedBy = "scheduler"
     decided_at: str | None = None  # RFC 3339, stamped by the adapter that records it
     version: int = 1
+    # Set when the pod asked `preferDistance` and got pairs: what it preferred and achieved.
+    affinity: Affinity | None = None
 
     def stamped(self, decided_by: DecidedBy, decided_at: str) -> Allocation:
         return replace(self, decided_by=decided_by, decided_at=decided_at)

@@ -12,7 +12,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
+from railyard.allocation.types import Affinity, Allocation, GpuRef, NicRef, Pair
 from railyard.records.fields import FieldError, Fields, kind_of
 from railyard.topology.model import Distance
 from railyard.topology.rails import MAX_RAIL
@@ -70,7 +70,14 @@ def allocation_to_json(a: Allocation) -> dict[str, Any]:
         "pairs": [pair_to_json(p) for p in a.pairs],
         "nics": [nic_to_json(n) for n in a.nics],
         "gpus": [gpu_to_json(g) for g in a.gpus],
+        # Last, and only when set: a record without it reads as every record before
+        # preferences did, and readers before it ignore a key they do not know (0091).
+        **({} if a.affinity is None else {"affinity": affinity_to_json(a.affinity)}),
     }
+
+
+def affinity_to_json(a: Affinity) -> dict[str, Any]:
+    return {"preferred": a.preferred.name, "achieved": a.achieved.name}
 
 
 def pair_to_json(p: Pair) -> dict[str, Any]:
@@ -146,6 +153,11 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
     nics = [nic_from_json(n, at) for n, at in f.items("nics", optional=True)]
     gpus = [gpu_from_json(g, at) for g, at in f.items("gpus", optional=True)]
     _same_nic_same_fields(pairs, nics, where)
+    # What the extender achieved when it decided. Not checked against the pairs: a node
+    # that re-pairs a record (decidedBy: node) keeps the rest of it, and an advisory field
+    # must never make the node's truth unreadable; `railyard explain` shows both.
+    affinity = (None if f.get("affinity") is None
+                else affinity_from_json(f.get("affinity"), f.at("affinity")))
     return Allocation(
         node=f.string("node"),
         numa_nodes=tuple(numa),
@@ -157,7 +169,18 @@ def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:
         decided_by=decided_by,  # type: ignore[arg-type]
         decided_at=f.string_or_null("decidedAt"),
         version=version,
+        affinity=affinity,
     )
+
+
+def affinity_from_json(v: Any, where: str) -> Affinity:
+    """`affinity: {preferred, achieved}`. Keys it does not know are ignored, as the record's
+    are: a later writer may say more (docs/decisions/0091)."""
+    f = Fields(v, where, RecordError)
+    levels = [d.name for d in Distance]
+    preferred = f.one_of("preferred", levels)
+    achieved = f.one_of("achieved", levels)
+    return Affinity(Distance[preferred], Distance[achieved])
 
 
 def _same_nic_same_fields(pairs: list[Pair], nics: list[NicRef], where: str) -> None:

@@ -41,7 +41,8 @@ def pairs_field(a: Allocation) -> str:
 
 def allocation_fields(a: Allocation) -> list[tuple[str, object]]:
     """What a line says of an Allocation: who decided, the pairs, the worst and summed
-    distance, and the unpaired NICs and GPUs when there are any."""
+    distance, the unpaired NICs and GPUs when there are any, and the preferred and achieved
+    affinity when the pod asked for one."""
     worst = a.worst_distance
     return [
         ("decidedBy", a.decided_by),
@@ -50,6 +51,10 @@ def allocation_fields(a: Allocation) -> list[tuple[str, object]]:
         ("sum", sum(int(p.distance) for p in a.pairs) if a.pairs else None),
         ("nics", ",".join(n.pci_address for n in a.nics) or None),
         ("gpus", ",".join(g.device_id for g in a.gpus) or None),
+        # A pod that asked `preferDistance` (decision 0091): what it preferred and got.
+        *(() if a.affinity is None else (
+            ("preferred", a.affinity.preferred.name), ("achieved", a.affinity.achieved.name),
+            ("fallback", "true" if a.affinity.fell_back else "false"))),
     ]
 
 
