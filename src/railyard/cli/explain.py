@@ -143,6 +143,18 @@ def _node_status(obj: dict[str, Any]) -> tuple[Any, str]:
     return st, text
 
 
+def _affinity_line(record: Any) -> str:
+    """The pod's `preferDistance` and what it achieved (decision 0091)."""
+    a = record.affinity
+    line = (f"affinity: preferred {a.preferred.name}, achieved {a.achieved.name}: "
+            + (f"fell back (the node had no placement within {a.preferred.name} free)"
+               if a.fell_back else "met"))
+    worst = record.worst_distance
+    if worst is not None and worst != a.achieved:  # the node re-paired the record since
+        line += f"; the pairs recorded now have worst {worst.name}"
+    return line
+
+
 def render(facts: Facts) -> list[str]:
     """The explanation, one line each; a pure function of `facts`."""
     from railyard.allocation.names import ALLOCATION_ANNOTATION, DEFAULT_RESOURCES
@@ -192,6 +204,8 @@ def render(facts: Facts) -> list[str]:
         if worst is not None:
             out.append(f"  worst pair distance {worst.name}, sum "
                        f"{sum(int(p.distance) for p in record.pairs)}")
+        if record.affinity is not None:
+            out.append("  " + _affinity_line(record))
         if node and record.node != node:
             out.append(f"  the record names node {record.node}, but the pod is on {node}")
     if node:

@@ -370,6 +370,9 @@ class PodBinder:
         if pod.allocation is not None:
             self._event(pod, "Allocated",
                         f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
+            fallback = fallback_text(pod.allocation)
+            if fallback is not None:
+                self._event(pod, AFFINITY_FALLBACK, fallback)
 
     def _event(self, pod: BoundPod, reason: str, message: str) -> None:
         """An Event on the pod, written off the bind's path: losing one loses no record."""
@@ -378,6 +381,25 @@ class PodBinder:
         self.events.send(event_body(involved, pod.namespace, reason, message,
                                     component=COMPONENT, instance=self.instance,
                                     now=event_time()))
+
+
+# The Event reason of a pod whose worst pair is worse than its `preferDistance` (0091).
+AFFINITY_FALLBACK = "RailyardAffinityFallback"
+
+
+def fallback_text(alloc: Allocation) -> str | None:
+    """The message of the fallback Event, or None when the pod met its preference (or had
+    none). Normal, not Warning: the pod runs as asked, on the best pairs a node it fits could
+    give; the counter `railyard_extender_affinity_achieved_total{preference="fallback"}` is
+    what to alert on."""
+    a = alloc.affinity
+    if a is None or not a.fell_back:
+        return None
+    short = [p for p in alloc.pairs if p.distance > a.preferred]
+    return (f"preferDistance {a.preferred.name} not met: worst pair {a.achieved.name} on "
+            f"{alloc.node}, the best this node had free at bind; {len(short)} of "
+            f"{len(alloc.pairs)} pairs beyond {a.preferred.name} (GPU "
+            f"{', '.join(str(p.gpu.index) for p in short)})")
 
 
 class ApiCluster:

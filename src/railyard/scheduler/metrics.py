@@ -9,6 +9,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from railyard.allocation.types import Allocation
+
 VERBS = ("filter", "prioritize", "bind", "preempt", "release")
 # Failure reasons: what an operator can act on.
 BAD_REQUEST = "bad_request"  # malformed JSON, pod without UID, bad annotation
@@ -43,11 +45,28 @@ class Metrics:
             ["verb", "reason"], registry=self.registry)
         self.pods = Gauge("railyard_extender_bound_pods",
                           "Pods currently holding Railyard devices.", registry=self.registry)
+        # Per pod, not per pair: the worst pair is the one a collective waits for. Labels are
+        # the five classes and three preference outcomes (decision 0091).
+        self._achieved = Counter(
+            "railyard_extender_affinity_achieved",
+            "Pods bound with GPU-NIC pairs, by their worst pair's class (level: PIX, PXB, PHB, "
+            "NODE, SYS) and preferDistance outcome (preference: met, fallback, none).",
+            ["level", "preference"], registry=self.registry)
         self._shed = Counter(
             "railyard_extender_shed_clients",
             "Requests refused or connections closed because a client was too slow or sent "
             "too much, by reason (header_timeout, body_timeout, body_too_large).",
             ["reason"], registry=self.registry)
+
+    def achieved(self, allocation: Allocation) -> None:
+        """Count a bound pod with pairs by its worst pair, and whether it met a preference."""
+        worst = allocation.worst_distance
+        if worst is None:
+            return
+        affinity = allocation.affinity
+        preference = ("none" if affinity is None else
+                      "fallback" if affinity.fell_back else "met")
+        self._achieved.labels(worst.name, preference).inc()
 
     def failure(self, verb: str, reason: str, count: int = 1) -> None:
         if count:

@@ -422,6 +422,7 @@ class Extender:
         error = await self._write(pod, who)
         if not error:
             self.metrics.allocations.inc()
+            self.metrics.achieved(result)
             self.metrics.pods.set(self.state.pod_count())
         return error
 
