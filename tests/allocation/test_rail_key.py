@@ -15,7 +15,8 @@ from test_allocator_key import check_valid, ledgers, spent, topologies
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
-from railyard.allocation.search import SEARCH_BUDGET
+from railyard.allocation.search import SEARCH_BUDGET, Spec, fits_by_counts
+from railyard.allocation.shape import free_state
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import DGX_H100, HGX_H100_4NIC, build_topology
 from railyard.topology.model import Distance, NodeTopology
@@ -142,3 +143,76 @@ def test_four_pods_of_a_job_on_four_differently_used_nodes_get_one_rail_sequence
                                              rail_policy=policy))
                for t, lg in zip(nodes, ledgers, strict=True)]
         assert [a.rails for a in job if isinstance(a, Allocation)] == [first.rails] * 4, policy
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), decided_first=st.booleans())
+def test_fits_under_a_required_sequence_agrees_with_brute_force(data, decided_first):
+    """`Allocator.fits`, the filter's question (a feasibility-only search where the best
+    choice without the sequence does not keep it), says True exactly when brute force finds
+    a choice, and its no is the decision's own refusal; asked before or after the full
+    decision (whose memo it then reads), the same answer."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = replace(data.draw(railed_requests(t)), rail_policy="required")
+    alloc = Allocator(search_budget=SEARCH_BUDGET)
+    decided = alloc.allocate(t, ledger, r) if decided_first else None
+    got = alloc.fits(t, ledger, r)
+    best = brute_force(t, ledger, r)
+    if best is None:
+        assert isinstance(got, Infeasible) and got.reason
+        assert got.reason == Allocator().allocate(t, ledger, r).reason
+    else:
+        assert got is True, got
+    if decided is not None:
+        assert (got is True) == isinstance(decided, Allocation)
+    assert alloc.fits(t, ledger, r, search=False) == got  # now known without a search
+
+
+def test_fits_answers_a_required_sequence_without_the_full_decision():
+    """dgx-h100 with GPUs 0 and 1 held, a job on rails (0, 1): the pod fits (farther GPUs
+    reach those rails), and `fits` says so from a feasibility-only search, leaving the best
+    choice undecided (allocate_known still has none) — what makes the extender's filter
+    cheap for `rails: required` (docs/rails.md, "Cost")."""
+    t = build_topology(DGX_H100, 2)
+    alloc = Allocator()
+    held = Ledger(t)
+    first = alloc.allocate(t, held, Request(gpus=2, vfs=2))
+    assert isinstance(first, Allocation) and first.rails == (0, 1)
+    held.add("first", first)
+    job = Request(gpus=2, vfs=2, rails=(0, 1), rail_policy="required")
+    assert alloc.fits(t, held, job) is True
+    assert alloc.allocate_known(t, held, job) is None
+    refused = alloc.fits(t, held, replace(job, rails=(0, 9)))
+    assert isinstance(refused, Infeasible) and "rail" in refused.reason
+
+
+@st.composite
+def plain_required(draw, t: NodeTopology) -> Request:
+    """The kind `fits_by_counts` answers: one VF per GPU or more, nothing else asked."""
+    gpus = draw(st.integers(1, min(3, len(t.gpus))))
+    return Request(gpus=gpus, vfs=draw(st.integers(gpus, gpus + 2)),
+                   numa=draw(st.sampled_from(["preferred", "none"])),
+                   rails=tuple(draw(st.lists(RAIL, min_size=1, max_size=4))),
+                   rail_policy="required")
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_counting_answers_the_plainest_required_sequences_as_brute_force_does(data):
+    """`feasible`'s counting path (no search) against brute force, for the one kind of
+    request it answers; and it answers that kind (not None), so the path is exercised."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = data.draw(plain_required(t))
+    alloc = Allocator()
+    shape = alloc.shape(t)
+    free = free_state(shape, ledger, ledger.signature())
+    spec = Spec.of(r)
+    counted = fits_by_counts(shape, free, spec)
+    if not spec.rails:  # a sequence of only "any" rails is no sequence
+        assert counted is None
+        return
+    assert counted is not None
+    assert counted == (brute_force(t, ledger, r) is not None)
+    assert counted == isinstance(alloc.allocate(t, ledger, r), Allocation)

@@ -28,6 +28,7 @@ from railyard.allocation.search import (
     SearchBudgetSpent,
     Spec,
     feasible,
+    fits_by_counts,
     search,
 )
 from railyard.allocation.shape import (
@@ -187,7 +188,7 @@ class Allocator:
             return answer if answer is None or isinstance(answer, Infeasible) else True
         shape = self.shape(topology)
         group = (shape.id, ledger.signature(), _odd_used(shape, ledger))
-        key = (group, request.shape)
+        key = (group, request.search_shape)  # `_decide`'s memo key
         known = self._memo.get(key)
         if known is not None:
             return True if isinstance(known, Choice) else known.at(topology.node)
@@ -196,26 +197,35 @@ class Allocator:
         plain = self._decide(shape, group, ledger, replace(request, rails=()), search)
         if plain is None:
             return None
-        if isinstance(plain, Refusal) and not plain.search_budget_spent:
-            return plain.at(topology.node)  # the sequence only narrows what fits
         if isinstance(plain, Choice) and _keeps_rails(shape, plain, request):
             return True
         if not search:
             return None
-        budget = Budget(self.search_budget)
-        try:
-            found = feasible(shape, free_state(shape, ledger, group[1]), request, budget)
-        except SearchBudgetSpent:
-            found = False  # not known within the budget: the full decision says so
-        finally:
-            self.explored += budget.used
+        if isinstance(plain, Refusal) and not plain.search_budget_spent:
+            found = False  # the sequence only narrows what fits
+        else:
+            found = self._feasible_with_rails(shape, group, ledger, request)
         if found:
             if len(self._feasible) >= _MEMO_LIMIT:
                 self._feasible.clear()
             self._feasible.add(key)
             return True
+        # No (or not known): the decision says why. Not the answer without the sequence,
+        # which may be true but name a reason preemption could mend where the rails' cannot.
         answer = self._allocate(topology, ledger, request, search)
         return answer if isinstance(answer, Infeasible) else True
+
+    def _feasible_with_rails(self, shape: NodeShape, group: tuple, ledger: Ledger,
+                             request: Request) -> bool:
+        """Whether anything fits with the sequence (False also when the budget ran out
+        first: the full decision then says so)."""
+        budget = Budget(self.search_budget)
+        try:
+            return feasible(shape, free_state(shape, ledger, group[1]), request, budget)
+        except SearchBudgetSpent:
+            return False
+        finally:
+            self.explored += budget.used
 
     def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
                     search: bool) -> int | None:
@@ -353,7 +363,9 @@ class Allocator:
         the budget before it could say."""
         free = empty_state(shape) if ledger is None else free_state(shape, ledger, group[1])
         try:
-            found = search(shape, free, request, budget)
+            # A no that counting proves needs no search (docs/rails.md, "Cost").
+            found = None if fits_by_counts(shape, free, Spec.of(request)) is False else search(
+                shape, free, request, budget)
         except SearchBudgetSpent:
             return None
         if found is None:

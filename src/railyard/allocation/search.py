@@ -1093,5 +1093,33 @@ def feasible(shape: NodeShape, free: FreeState, request: Request,
              budget: Budget | None = None) -> bool:
     """Whether anything fits, without looking for the best. Raises SearchBudgetSpent when
     `budget` runs out first (None: no bound)."""
-    return Search(shape, free, Spec.of(request), any_feasible=True,
-                  budget=budget).run() is not None
+    spec = Spec.of(request)
+    counted = fits_by_counts(shape, free, spec)
+    if counted is not None:
+        return counted
+    return Search(shape, free, spec, any_feasible=True, budget=budget).run() is not None
+
+
+def fits_by_counts(shape: NodeShape, free: FreeState, spec: Spec) -> bool | None:
+    """Whether a request with a required rail sequence fits, by counting, for the plainest
+    kind: one VF per GPU or more, no whole PF, no CPUs or memory, no distance limit, no
+    `numa: single`. There any GPU may pair with any VF, so it fits exactly when there are
+    GPUs enough, VFs enough, and on each rail as many free VFs as pairs want it. None for
+    every other kind (the search answers): what keeps the extender's filter cheap for a
+    job's later pods (docs/rails.md, "Cost")."""
+    if not (spec.rails_required and spec.pairs == spec.gpus and spec.hi == 1
+            and spec.pfs == 0 and not spec.others and spec.cpus == 0 and spec.memory == 0
+            and spec.max_distance >= Distance.SYS and spec.numa != "single"):
+        return None
+    if len(shape.pool_names) == 1 and spec.pool is None:
+        vfs = free.vfs
+    else:
+        vfs = free.for_pool({p: q for q, p in enumerate(shape.pool_names)}.get(spec.pool)).vfs
+    if free.gpus.bit_count() < spec.gpus or sum(vfs) < spec.vfs:
+        return False
+    wanted: dict[int, int] = {}
+    for rail in spec.rails:
+        if rail >= 0:
+            wanted[rail] = wanted.get(rail, 0) + 1
+    return all(sum(n for n, r in zip(vfs, shape.pf_rail, strict=True) if r == rail) >= count
+               for rail, count in wanted.items())

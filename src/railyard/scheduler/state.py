@@ -454,15 +454,29 @@ class ClusterState:
                 # group's answer: ask the allocator again (its own memo answers at once).
                 return _Answer(score=0)
             return self._keep(g, shape, score=value)
-        result = self._allocate(topology, ledger, request, search)
-        if not isinstance(result, Infeasible):
+        result = self._fits(topology, ledger, request, search)
+        if result is True:
             return self._keep(g, shape, fits=True)
+        assert isinstance(result, Infeasible)
         # The allocator's own refusal names no node. An Infeasible without one (another
         # allocator) is kept as it was said about `topology`'s node.
         refusal = result.refusal or Refusal(result.reason, result.unresolvable)
         if refusal.search_budget_spent:
             return _Answer(fits=False, refusal=refusal)  # not the group's answer: not kept
         return self._keep(g, shape, fits=False, refusal=refusal)
+
+    def _fits(self, topology: NodeTopology, ledger: Ledger, request: Request,
+              search: bool) -> Infeasible | bool:
+        """True when the pod fits, else why not: the allocator's `fits` where it has one
+        (for a required rail sequence it spares the best choice), else its decision."""
+        fits = getattr(self.allocator, "fits", None)
+        if fits is None:
+            result = self._allocate(topology, ledger, request, search)
+            return result if isinstance(result, Infeasible) else True
+        answer = fits(topology, ledger, request, search)
+        if answer is None:
+            raise NeedsSearch
+        return cast(Infeasible | bool, answer)
 
     def _allocate(self, topology: NodeTopology, ledger: Ledger, request: Request,
                   search: bool) -> Allocation | Infeasible:
@@ -577,7 +591,7 @@ class ClusterState:
             return {name: 10 if name == held.node else 0 for name in names}
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
-        if request.wanted_rails and request.rail_policy == "preferred":
+        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
             return self._rail_scores(request, names, uid, search)
         of_name, some_member = self._grouped(names)
         shape = request.shape
@@ -596,23 +610,28 @@ class ClusterState:
 
     def _rail_scores(self, request: Request, names: list[str], uid: str | None,
                      search: bool) -> dict[str, int]:
-        """Scores for a pod with a preferred rail sequence (docs/rails.md), bounded: each
-        new sequence is a search per group, so the exact score with the sequence is asked
-        only of the idle nodes' groups (one per shape) and of the RAIL_SCORED_GROUPS groups
-        the plain scores rank highest; every other node keeps its plain score, capped below
-        the best exact one (it is not known to keep the rails)."""
+        """Scores for a pod with a rail sequence (docs/rails.md), bounded: each new
+        sequence is a search per group, so the exact score with the sequence is asked only
+        of the idle nodes' groups (one per shape) and of the RAIL_SCORED_GROUPS groups the
+        plain scores rank highest; every other node keeps its plain score, capped below the
+        best exact one (it is not known to keep the rails) — under `required`, only where
+        the pod fits with its sequence (filter's answer), 0 elsewhere."""
         plain = self.scores(replace(request, rails=()), names, uid=uid, search=search)
+        required = request.rail_policy == "required"
         of_name, some_member = self._grouped(names)
         shape = request.shape
         ranked = sorted(some_member.items(), key=lambda gm: -plain[gm[1]])
         exact: dict[_Group | None, int] = {}
         searched = 0
         for g, member in ranked:
-            if plain[member] == 0:  # does not fit: a preferred sequence cannot change that
+            if plain[member] == 0:  # does not fit: a sequence cannot change that
                 exact[g] = 0
                 continue
             if g is not self._nodes[member].empty:
                 if searched >= RAIL_SCORED_GROUPS:
+                    if required and not self._answer(g, member, request, shape, score=False,
+                                                     search=search).fits:
+                        exact[g] = 0
                     continue
                 searched += 1
             known = g.answers.get(shape)
