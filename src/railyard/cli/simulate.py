@@ -174,10 +174,12 @@ def simulate(
             report = write_report(result, info, output)
     except OSError as exc:
         fail(f"cannot write the report to {output}: {exc}")
+    # The answer first (is Railyard better, by how much, why), then the table behind it.
+    if lead := headline(result):
+        console.print(lead, highlight=False)
     print_table(console, result, info, console_rows(result), FOOTNOTES)
-    for line in (headline(result), bound_line(result)):
-        if line:
-            console.print(line, highlight=False)
+    if bound := bound_line(result):
+        console.print(bound, highlight=False)
     # soft_wrap: the path stays on one line, whole, for copying.
     console.print(f"report: [bold]{report}[/bold]  (metrics.json and PNGs alongside)",
                   soft_wrap=True, highlight=False)

@@ -41,6 +41,8 @@ class PolicyMetrics:
     rdma_placed: int = 0
     limit_violations: int = 0  # placed pods whose pairs break their maxDistance
     pairs: Counter = field(default_factory=Counter)
+    # Placed pods with pairs, by their worst pair's class: the level each achieved (0091).
+    worst_pairs: Counter = field(default_factory=Counter)
     multi_efficiency: list[float] = field(default_factory=list)
     rdma_efficiency: list[float] = field(default_factory=list)
     latencies_s: list[float] = field(default_factory=list)
@@ -90,6 +92,8 @@ class PolicyMetrics:
             pairs = judge(topology, result) if req.vfs else []
             self.judged[arrival.uid] = pairs
             self.pairs.update(p.distance.name for p in pairs)
+            if pairs:
+                self.worst_pairs[max(p.distance for p in pairs).name] += 1
             if req.max_distance is not None and any(p.distance > req.max_distance
                                                     for p in pairs):
                 self.limit_violations += 1
@@ -205,6 +209,7 @@ class PolicyMetrics:
             "gpuAllocationRatioAtFirstFailure": (
                 None if self.first_failure_ratio is None else round(self.first_failure_ratio, 6)),
             "pairsByDistance": {d.name: self.pairs.get(d.name, 0) for d in Distance},
+            "podsByWorstPair": {d.name: self.worst_pairs.get(d.name, 0) for d in Distance},
             "multiGpuPodsArrived": self.multi_arrived,
             "multiGpuPodsPlaced": self.multi_placed,
             "gdrCapableMultiGpuPods": self.multi_gdr,

@@ -133,7 +133,8 @@ def heatmap_moment(result: SimResult) -> str:
 TABLE_COLUMNS = (
     "policy", "pods placed", "GPU alloc. at 1st failure", "at 100% load", "at end",
     "multi-GPU placed", "GDR-capable multi-GPU", "est. collective eff.",
-    "pairs PIX/PXB/PHB/NODE/SYS", "stranded NICs at 50% / 100% load",
+    "pairs PIX/PXB/PHB/NODE/SYS", "pods by worst pair PIX/PXB/PHB/NODE/SYS",
+    "stranded NICs at 50% / 100% load",
     "NIC bandwidth over-commit", "latency p50 / p99 ms",
 )
 
@@ -156,6 +157,7 @@ def table_rows(result: SimResult) -> list[list[str]]:
             f"({_pct(m['gdrCapablePodShare'])})",
             "–" if eff is None else f"{eff:.2f}",
             "/".join(str(pairs[d.name]) for d in Distance),
+            "/".join(str(m["podsByWorstPair"][d.name]) for d in Distance),
             f"{m.get('atHalfLoad', {}).get('strandedNics', '–')} / "
             f"{m.get('atFullLoad', {}).get('strandedNics', '–')}",
             f"{m['nicBandwidthOvercommit']}%",
@@ -179,6 +181,9 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
     def pairs(m: dict, ds: tuple[Distance, ...]) -> str:
         return "/".join(str(m["pairsByDistance"][d.name]) for d in ds)
 
+    def worst(m: dict, ds: tuple[Distance, ...]) -> str:
+        return "/".join(str(m["podsByWorstPair"][d.name]) for d in ds)
+
     def at(key: str, metric: str, fmt: Callable[[Any], str] = str
            ) -> Callable[[dict[str, Any]], str]:
         return lambda m: fmt(m[key][metric]) if key in m else "–"
@@ -198,6 +203,10 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
         row("pairs PIX/PXB", lambda m: pairs(m, (Distance.PIX, Distance.PXB))),
         row("pairs PHB/NODE/SYS",
             lambda m: pairs(m, (Distance.PHB, Distance.NODE, Distance.SYS))),
+        row("pods by worst pair", lambda m: ""),
+        row("  PIX/PXB (GDR)", lambda m: worst(m, (Distance.PIX, Distance.PXB))),
+        row("  PHB/NODE/SYS",
+            lambda m: worst(m, (Distance.PHB, Distance.NODE, Distance.SYS))),
         row("stranded NICs", lambda m: ""),
         row("  at 50% load", at("atHalfLoad", "strandedNics")),
         row("  at 100% load", at("atFullLoad", "strandedNics")),
@@ -462,29 +471,149 @@ def bound_line(result: SimResult) -> str:
             f"GDR-capable multi-GPU pods {gdr_text}.")
 
 
-def headline(result: SimResult) -> str:
-    """Railyard against the best baseline on each headline metric, or '' without both."""
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Railyard against the best baseline on one measure, for the headline."""
+
+    what: str  # the measure, in words
+    ours: float
+    best_name: str  # the best baseline on this measure
+    best: float
+    higher_is_better: bool
+    kind: str  # "share" (0..1), "factor" (0..1, said as a multiple) or "count"
+    why: str  # why Railyard wins there, when it does
+
+    @property
+    def margin(self) -> float:
+        """How far Railyard is ahead (negative: behind), in the measure's own unit."""
+        return self.ours - self.best if self.higher_is_better else self.best - self.ours
+
+    @property
+    def won(self) -> bool:
+        return self.margin > 1e-9
+
+    @property
+    def lost(self) -> bool:
+        return self.margin < -1e-9
+
+    def value(self) -> str:
+        """Railyard's value alone."""
+        return (_pct(self.ours) if self.kind == "share" else
+                f"{self.ours:.2f}" if self.kind == "factor" else f"{self.ours:g}")
+
+    def said(self) -> str:
+        """`<ours> vs <best> for <baseline> (<by how much>)`."""
+        if self.kind == "share":
+            gap = f"{100 * abs(self.ours - self.best):.1f} points"
+            # A multiple only where it says more than the points do.
+            by = (f"{self.ours / self.best:.1f}× the share, +{gap}"
+                  if self.won and self.best and self.ours >= 1.5 * self.best
+                  else f"+{gap}" if self.won else f"−{gap}")
+            return f"{_pct(self.ours)} vs {_pct(self.best)} for {self.best_name} ({by})"
+        if self.kind == "factor":
+            return (f"{self.ours:.2f} vs {self.best:.2f} for {self.best_name} "
+                    f"({self.ours - self.best:+.2f})")
+        return f"{self.ours:g} vs {self.best:g} for {self.best_name}"
+
+
+def comparisons(result: SimResult) -> list[Comparison]:
+    """The measures the headline weighs, most telling first: with gangs, whether a job's
+    pods keep one rail sequence; then GPUDirect RDMA for multi-GPU pods and the collective
+    bandwidth it buys; then how well GPUs are packed, NICs left usable, and pods placed.
+    Each against the best baseline on that measure; a measure no pod exercised is left out.
+    Empty without Railyard or without a baseline."""
     res = result.results
-    if "railyard" not in res:
-        return ""
     base = {n: r.metrics for n, r in res.items() if not n.startswith("railyard")}
-    if not base:
-        return ""
+    if "railyard" not in res or not base:
+        return []
     ry = res["railyard"].metrics
+    out: list[Comparison] = []
 
-    def ratio(m: PolicyMetrics) -> float:
-        return m.headline_allocation_ratio
+    def add(what: str, value: Callable[[PolicyMetrics], float | None], higher: bool,
+            kind: str, why: str) -> None:
+        ours = value(ry)
+        theirs = {n: v for n, m in base.items() if (v := value(m)) is not None}
+        if ours is None or not theirs:
+            return
+        pick = max if higher else min
+        name = pick(theirs, key=lambda n: theirs[n])
+        out.append(Comparison(what, ours, name, theirs[name], higher, kind, why))
 
-    alloc_name, alloc_m = max(base.items(), key=lambda kv: ratio(kv[1]))
-    gdr_name, gdr_m = max(base.items(), key=lambda kv: kv[1].multi_gdr)
+    if ry.job_sizes:
+        add("gangs whose pods all keep one rail sequence", lambda m: (
+            m.rail_consistent_job_share if m.rail_consistent_job_share is not None else
+            (0.0 if m.job_sizes else None)), True, "share",
+            "each later pod of a job is given the rail sequence of the pods placed before "
+            "it, so NCCL's rank i stays on one leaf; the baselines hand out NICs without "
+            "knowing rails")
+    if ry.multi_arrived:
+        add("multi-GPU pods with GPUDirect RDMA on every rank", lambda m: m.gdr_pod_share,
+            True, "share",
+            "it picks GPUs and NICs together and pairs each GPU with its own NIC within PXB "
+            "(the worst pair comes first in its key); the baselines pick GPUs and VFs "
+            "separately, and NCCL can only use what they picked")
+    if sum(ry.worst_pairs.values()):
+        add("pods with a GPU↔NIC pair whose worst pair allows GPUDirect RDMA (≤ PXB)",
+            _gdr_worst_share, True, "share",
+            "its key puts the worst pair first, so every pod gets the best worst pair a "
+            "node has; the baselines' VFs land wherever the draw puts them")
+    if ry.multi_arrived:
+        add("estimated collective bandwidth of multi-GPU pods",
+            lambda m: statistics_mean(m.multi_efficiency), True, "factor",
+            "no rank loses GPUDirect RDMA and the pairs are spread over distinct PFs")
+    add("GPUs allocated at peak demand" if HEATMAP_SNAPSHOT in ry.snapshots
+        else "GPUs allocated at the end", lambda m: m.headline_allocation_ratio, True,
+        "share", "it bin-packs within the best affinity tier, keeping idle nodes whole")
+    add("NICs stranded (free VFs no free GPU can use with GDR) at peak demand",
+        lambda m: (float(m.snapshots[HEATMAP_SNAPSHOT]["strandedNics"])
+                   if HEATMAP_SNAPSHOT in m.snapshots else None), False, "count",
+        "the last item of its key keeps free GPUs beside NICs with free VFs")
+    add("pods placed", lambda m: float(m.placed), True, "count",
+        "it packs GPUs without stranding the NICs that larger pods need")
+    return out
+
+
+def _gdr_worst_share(m: PolicyMetrics) -> float | None:
+    """Of the placed pods with pairs, the share whose worst pair is PIX or PXB
+    (`podsByWorstPair`)."""
+    total = sum(m.worst_pairs.values())
+    if not total:
+        return None
+    return (m.worst_pairs[Distance.PIX.name] + m.worst_pairs[Distance.PXB.name]) / total
+
+
+def headline(result: SimResult) -> str:
+    """Whether Railyard did better than the best baseline, by how much and why, first; then
+    where it is level or behind; then the GPU allocation it reached. '' without Railyard and
+    a baseline."""
+    found = comparisons(result)
+    if not found:
+        return ""
+    ry = result.results["railyard"].metrics
+    wins = [c for c in found if c.won]
+    level = [c for c in found if not c.won and not c.lost]
+    behind = [c for c in found if c.lost]
+    if wins:
+        lead, *more = wins
+        text = (f"Railyard is ahead on {len(wins)} of {len(found)} measures. Above all, "
+                f"{lead.what}: {lead.said()} — because {lead.why}.")
+        if more:
+            text += " Also ahead: " + "; ".join(f"{c.what}, {c.said()}" for c in more) + "."
+    else:
+        text = (f"Railyard is not ahead of the best baseline on any of {len(found)} "
+                "measures in this run.")
+    if level:
+        text += " Level on " + "; ".join(f"{c.what} ({c.value()}, {c.best_name} too)"
+                                         for c in level) + "."
+    if behind:
+        text += " Behind on " + "; ".join(f"{c.what}: {c.said()}" for c in behind) + "."
+    base = {n: r.metrics for n, r in result.results.items() if not n.startswith("railyard")}
+    alloc_name, alloc_m = max(base.items(), key=lambda kv: kv[1].headline_allocation_ratio)
     moment = ("when live pods' requests reached the cluster's GPUs"
               if HEATMAP_SNAPSHOT in ry.snapshots else "at the end")
-    return (
-        f"Railyard had {_pct(ratio(ry))} of the cluster's {ry.cluster_gpus} GPUs allocated "
-        f"{moment} (best baseline: {alloc_name}, {_pct(ratio(alloc_m))}); {ry.multi_gdr} of "
-        f"{ry.multi_arrived} multi-GPU pods got GPUDirect RDMA on every rank "
-        f"({gdr_name}: {gdr_m.multi_gdr})."
-    )
+    return (f"{text} Railyard had {_pct(ry.headline_allocation_ratio)} of the cluster's "
+            f"{ry.cluster_gpus} GPUs allocated {moment} (best baseline: {alloc_name}, "
+            f"{_pct(alloc_m.headline_allocation_ratio)}).")
 
 
 _CSS = """
