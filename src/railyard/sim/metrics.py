@@ -184,6 +184,12 @@ class PolicyMetrics:
         return self.multi_gdr / self.multi_placed if self.multi_placed else 0.0
 
     @property
+    def gangs_placed(self) -> int:
+        """Gangs whose every pod was placed (all-or-nothing: `sim.gangs`)."""
+        return sum(1 for job, rails in self.job_rails.items()
+                   if len(rails) == self.job_sizes[job])
+
+    @property
     def rail_consistent_job_share(self) -> float | None:
         """Of the gangs fully placed, the share whose pods all hold one rail sequence (pair
         i of every pod on one rail; docs/rails.md); None when no gang was placed."""
@@ -218,8 +224,7 @@ class PolicyMetrics:
             "railConsistentJobShare": (None if (r := self.rail_consistent_job_share) is None
                                        else round(r, 6)),
             "gangsArrived": len(self.job_sizes),
-            "gangsPlaced": sum(1 for job, rails in self.job_rails.items()
-                               if len(rails) == self.job_sizes[job]),
+            "gangsPlaced": self.gangs_placed,
             "rdmaPodsPlaced": self.rdma_placed,
             "collectiveEfficiencyMultiGpu": _mean(self.multi_efficiency),
             "networkEfficiencyRdmaPods": _mean(self.rdma_efficiency),

@@ -546,6 +546,10 @@ def comparisons(result: SimResult) -> list[Comparison]:
             "each later pod of a job is given the rail sequence of the pods placed before "
             "it, so NCCL's rank i stays on one leaf; the baselines hand out NICs without "
             "knowing rails")
+        add("gangs placed whole", lambda m: float(m.gangs_placed) if m.job_sizes else None,
+            True, "count",
+            "it places a gang's pods on the best pairs with its rails, bin-packing so that "
+            "whole nodes stay free for large pods")
     if ry.multi_arrived:
         add("multi-GPU pods with GPUDirect RDMA on every rank", lambda m: m.gdr_pod_share,
             True, "share",
