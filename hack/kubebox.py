@@ -536,8 +536,15 @@ class Box:
         scheduler_config: Path | None = None,
         with_railyard: bool = False,
         multus: bool = False,
+        agent_config: dict | None = None,
+        node_helpers: dict[str, list[str]] | None = None,
     ) -> None:
         self.layout = Layout.for_dir(folder)
+        # More agent config (merged into the box's), and processes started on the node just
+        # before the agent, `{sysfs_root}` in their argv filled in (a stand-in for another
+        # vendor's device plugin: tests/support/nvidia_standin.py).
+        self.agent_config = agent_config or {}
+        self.node_helpers = node_helpers or {}
         self.with_railyard = with_railyard or multus
         self.multus = multus
         self.node_sysfs = node_sysfs
@@ -1111,7 +1118,11 @@ state = "{lay.run_dir / 'containerd'}"
         """The agent on the node: the real kubelet's device plugins and the CNI service."""
         assert self.node_sysfs is not None
         config = self.layout.dir / "config/railyard-agent.json"
-        config.write_text(json.dumps({"cniDevinfoDir": str(self.layout.dir / "devinfo")}))
+        config.write_text(json.dumps({"cniDevinfoDir": str(self.layout.dir / "devinfo"),
+                                      **self.agent_config}))
+        for name, argv in self.node_helpers.items():
+            self.start(name, [a.format(sysfs_root=self.node_sysfs.parent) for a in argv],
+                       on_node=True)
         self.start("railyard-agent", [
             _railyard(), "agent", "--node-name", NODE_NAME,
             "--kubeconfig", str(self.layout.dir / "config/railyard-agent.kubeconfig"),

@@ -43,6 +43,7 @@ AGENT_CLUSTER_RULES = [
          ["get", "list", "watch", "create", "update", "patch"]),
     rule(["railyard.dev"], ["nodetopologies/status"], ["get", "update", "patch"]),
     EVENTS,
+    rule(["resource.k8s.io"], ["resourceslices"], ["list"]),  # DRA GPU drivers (0090)
 ]
 
 

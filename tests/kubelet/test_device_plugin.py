@@ -175,8 +175,9 @@ async def test_vfs_and_a_pf_in_one_container_get_one_nccl_hca_from_the_last_plug
 async def test_without_the_gpu_plugin_a_vf_and_pf_container_still_gets_nccl_ib_hca(
         tmp_path, generic_tree):
     """With gpuPlugin: false the GPUs are NVIDIA's plugin's and never allocated through us;
-    the container's last plugin of ours (here PF) sets NCCL_IB_HCA and RAILYARD_PAIRS, the
-    GPUs in the map being the record's partners of the container's NICs."""
+    the container's last plugin of ours (here PF) sets NCCL_IB_HCA. Variables naming GPUs
+    are left out (kubelet may not have given the GPUs yet, decision 0090): the pair file,
+    named by RAILYARD_PAIRS_FILE, holds the record's partners until the check corrects it."""
     alloc = allocation(TOPO, [(0, VFS0[0]), (1, PF1)])
     p = pod("uid-mix", {"main": {GPU: 2, VF: 1, PF: 1}}, alloc=alloc)
     cfg = AgentConfig(devinfo_dir=str(tmp_path / "devinfo"), gpu_plugin=False)
@@ -187,8 +188,12 @@ async def test_without_the_gpu_plugin_a_vf_and_pf_container_still_gets_nccl_ib_h
         assert "NCCL_IB_HCA" not in v.envs and "RAILYARD_PAIRS" not in v.envs
         v0 = TOPO.vf(VFS0[0])[1]
         assert f.envs["NCCL_IB_HCA"] == f"={v0.rdma_device}:1,{TOPO.nics[1].rdma_device}:1"
+        assert "RAILYARD_PAIRS" not in f.envs and "VLLM_GPU_NIC_PCIE_MAPPING" not in f.envs
+        assert f.envs["RAILYARD_PAIRS_FILE"] == "/run/railyard/pairs.json"
+        [mount] = [m for m in f.mounts if m.container_path == "/run/railyard/pairs.json"]
         assert [(x["gpu"]["uuid"], x["nic"]["pciAddress"])
-                for x in json.loads(f.envs["RAILYARD_PAIRS"])] == [(G0, VFS0[0]), (G1, PF1)]
+                for x in json.loads(Path(mount.host_path).read_text())["pairs"]] == [
+            (G0, VFS0[0]), (G1, PF1)]
         await vf.close()
         await pf.close()
 

@@ -20,6 +20,7 @@ import inspect
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -27,11 +28,14 @@ import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from railyard.agent.config import AgentConfig, ConfigError
+from railyard.cni.grants import Grant, Grants
 from railyard.cni.metrics import CniMetrics
+from railyard.cni.spec import PodArgs
 from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.events import NORMAL, WARNING, EventSender, event_body, event_time
 from railyard.kube.nodetopology import path_of, publish
 from railyard.kube.objects import NodeTopologyObject, Object
+from railyard.kube.resourceslices import node_slices
 from railyard.kubelet.admission import Admission, utc_now
 from railyard.kubelet.apipods import ApiPods
 from railyard.kubelet.health_events import (
@@ -49,6 +53,13 @@ from railyard.kubelet.inventory import (
     offered_devices,
 )
 from railyard.kubelet.metrics import AgentMetrics, MetricsServer
+from railyard.kubelet.othergpus import (
+    CORRECTED_EVENT,
+    DRA_EVENT,
+    Correction,
+    dra_message,
+    gpu_drivers,
+)
 from railyard.kubelet.pairmap import PAIRS_FILE
 from railyard.kubelet.plugin import KUBELET_SOCKET, DeviceList, KubeletPaths, PluginEndpoint
 from railyard.kubelet.podresources import PodResourcesClient
@@ -89,6 +100,7 @@ EVENTS_NAMESPACE = "default"  # a Node's Events, as kubelet writes them
 EVENT_COMPONENT = "railyard-agent"
 STATE_REBUILT = "RailyardNodeStateRebuilt"  # the Node Event when records were made again
 EVENTS_DRAIN_S = 1.0  # at stop, Events in flight get this long before the client closes
+CNI_VERIFY_TIMEOUT_S = 5.0  # the PodResources check a CNI ADD waits for (GPUs not ours)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +159,7 @@ class Agent:
         self._watches: list[FolderWatch] = []
         self._sync_task: asyncio.Task | None = None
         self._verify_task: asyncio.Task | None = None
+        self._dra_task: asyncio.Task | None = None
         self._kubelet_back = False
         self._dirty = False
         self._cni: object | None = None
@@ -166,6 +179,7 @@ class Agent:
         # `metrics_listen` from start to stop.
         self.metrics = AgentMetrics(options.node_name)
         self.metrics_server: MetricsServer | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # start()'s, for other threads
 
     # ------------------------------------------------------------------ start / stop
 
@@ -232,7 +246,8 @@ class Agent:
                                    offered=self._healthy_offered,
                                    on_allocated=self._after_allocate,
                                    served=tuple(self.lists), pair_map=self.config.pair_map,
-                                   observer=self.metrics)
+                                   observer=self.metrics, on_corrected=self._on_corrected)
+        self._loop = asyncio.get_running_loop()
         self.metrics.devices(self._device_status)
         await self._scan_health()
         for kind, listed in self.lists.items():
@@ -266,15 +281,17 @@ class Agent:
                 self.topology, {d.pci_address: d.reason for d in found})
             self._raise_health_events()
             self._tasks.append(asyncio.create_task(self._publish_loop(), name="publish"))
+            # Once, beside the loops (it ends: `_tasks` are loops that never should).
+            self._dra_task = asyncio.create_task(self.look_for_dra(), name="dra")
         self._verify_task = asyncio.create_task(self._check_at_start())  # what a crash lost
 
     async def stop(self) -> None:
         for w in self._watches:
             w.stop()
-        for t in [*self._tasks, self._sync_task, self._verify_task]:
+        for t in [*self._tasks, self._sync_task, self._verify_task, self._dra_task]:
             if t is not None:
                 t.cancel()
-        for t in [*self._tasks, self._sync_task, self._verify_task]:
+        for t in [*self._tasks, self._sync_task, self._verify_task, self._dra_task]:
             if t is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
@@ -319,6 +336,11 @@ class Agent:
             device_info_dir=self.config.cni_devinfo_dir,
             pod_resources_socket=self.paths.pod_resources_socket, pods=self.pods,
             metrics=CniMetrics(self.options.node_name, self.metrics.registry))
+        if "gpu" not in self.lists:
+            # GPUs from another plugin: kubelet has given every container its GPUs by the
+            # time the runtime calls ADD, so check the record against PodResources first
+            # and the NICs are moved and named in the pairs of the GPUs received (0090).
+            plugin.grants = CheckedGrants(plugin.grants, self._verify_from_thread)
         self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
         log.info("CNI service on %s", path)
 
@@ -500,6 +522,67 @@ class Agent:
                                     host=node, now=event_time()),
                          fill=self._node_uid_into)
 
+    async def look_for_dra(self) -> list[str]:
+        """The DRA drivers with a ResourceSlice of this node that serve GPUs; when there
+        are any, said once (a warning and a Node Event, `RailyardGpusAlsoServedByDra`): a
+        pod claiming GPUs through DRA gets them outside Railyard's pairing and accounting."""
+        assert self.kube is not None
+        node = self.options.node_name
+        drivers = gpu_drivers(await node_slices(self.kube, node) or [], node)
+        if drivers:
+            message = dra_message(drivers, self.config.resources.gpu, self.config.gpu_plugin)
+            log.warning("%s", message)
+            if self.events is not None:
+                involved = {"apiVersion": "v1", "kind": "Node", "name": node}
+                self.events.send(event_body(involved, EVENTS_NAMESPACE, DRA_EVENT, message,
+                                            type_=WARNING, component=EVENT_COMPONENT,
+                                            instance=node, host=node, now=event_time()),
+                                 fill=self._node_uid_into)
+        return drivers
+
+    def _on_corrected(self, c: Correction) -> None:
+        """A record the check corrected (in the check's thread, under the decision lock):
+        the containers' pair files made again before anything else can read them, then the
+        Event and the write-back on the loop (decision 0090)."""
+        for f in c.files:
+            try:
+                self.pair_files.write(f.uid, f.container, f.body)
+            except (OSError, StateError) as e:
+                log.warning("%s/%s: pair file for %s not written again (%s)", c.namespace,
+                            c.name, f.container, e)
+        message = c.message()
+        log.warning("%s", message)
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._say_corrected, c, message)
+
+    def _say_corrected(self, c: Correction, message: str) -> None:
+        """The Warning Event on the pod, and its truth written back soon (cluster mode)."""
+        if self.write_back is not None and (self._verify_task is None
+                                            or self._verify_task.done()):
+            self._verify_task = asyncio.get_running_loop().create_task(self._check())
+        if self.events is None:
+            return
+        node = self.options.node_name
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": c.namespace,
+                    "name": c.name, "uid": c.uid}
+        self.events.send(event_body(involved, c.namespace, CORRECTED_EVENT, message,
+                                    type_=WARNING, component=EVENT_COMPONENT, instance=node,
+                                    host=node, now=event_time()))
+
+    def _verify_from_thread(self) -> None:
+        """`verify` on the agent's loop, from another thread (the CNI service's); bounded,
+        and a failure only logged: the ADD goes on with the record as it is."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(self.verify(), loop)
+        try:
+            future.result(timeout=CNI_VERIFY_TIMEOUT_S)
+        except Exception as e:
+            future.cancel()
+            log.warning("PodResources check before a CNI call failed (%r); the record stands",
+                        e)
+
     async def verify(self) -> list[str]:
         """Compare the store with PodResources now; the warnings it logged."""
         assert self.admission is not None
@@ -615,6 +698,17 @@ class Agent:
             if not ok:
                 self._report.set()  # try again after a pause
             await asyncio.sleep(PUBLISH_INTERVAL_S if ok else PUBLISH_RETRY_S)
+
+
+class CheckedGrants:
+    """The CNI's grants, each looked up after `before` (the PodResources check)."""
+
+    def __init__(self, grants: Grants, before: Callable[[], None]) -> None:
+        self.grants, self.before = grants, before
+
+    def grant(self, pod: PodArgs) -> Grant | None:
+        self.before()
+        return self.grants.grant(pod)
 
 
 async def run_until_stopped(agent: Agent, stop: asyncio.Event) -> None:

@@ -38,6 +38,7 @@ from railyard.kubelet.decision import (
     decide_allocate,
     partners,
 )
+from railyard.kubelet.othergpus import GPU_NAMING_ENVS, PAIRS_FILE_ENV, Correction
 from railyard.kubelet.outcome import (
     NODE,
     RECORD,
@@ -46,9 +47,10 @@ from railyard.kubelet.outcome import (
     Admitted,
     Corrected,
 )
-from railyard.kubelet.pairing import DeviceIndex, choose_local, reconcile
+from railyard.kubelet.pairing import DeviceIndex, choose_local, pair_container, reconcile
 from railyard.kubelet.pairmap import (
     DEFAULT_PAIR_MAP,
+    PAIRS_FILE,
     PairMapOptions,
     container_pairs,
     hcas,
@@ -101,7 +103,8 @@ class Admission:
                  on_allocated: AfterAllocate | None = None,
                  served: Iterable[Kind] | None = None,
                  pair_map: PairMapOptions = DEFAULT_PAIR_MAP,
-                 observer: AdmissionObserver | None = None) -> None:
+                 observer: AdmissionObserver | None = None,
+                 on_corrected: Callable[[Correction], None] | None = None) -> None:
         self.topology = topology
         self.node = topology.node
         self.store = store
@@ -114,6 +117,10 @@ class Admission:
         self.on_allocated = on_allocated
         self.pair_map = pair_map
         self.observer = observer  # counts what `_said` logs (the agent's metrics)
+        # Told of each record the PodResources check corrects, with the pair files made
+        # again (decision 0090): the agent writes them and raises the Event. Called under
+        # the decision lock, in the check's thread.
+        self.on_corrected = on_corrected
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
         self.kinds = kinds_of(names)  # GPUs, every VF pool, PFs
@@ -435,6 +442,13 @@ class Admission:
             grant.pair_file = PairFile(pod.uid, container, pair_file_json(
                 held, namespace=pod.namespace, pod=pod.name, uid=pod.uid, container=container,
                 options=self.pair_map))
+            if "gpu" not in self.served:
+                # Another plugin's GPUs: kubelet may not have allocated them yet, and this
+                # answer's variables are final. Those naming GPUs are left out, not guessed;
+                # the pair file is made right before the container starts (decision 0090).
+                for name in GPU_NAMING_ENVS:
+                    grant.envs.pop(name, None)
+                grant.envs[PAIRS_FILE_ENV] = PAIRS_FILE
         return grant
 
     def _nic_ref(self, pci: str, recorded: Mapping[str, NicRef]) -> NicRef:
@@ -538,6 +552,10 @@ class Admission:
                  for r, ids in per.items() if r in self.names.managed and r not in unknown]
         alloc_ok = base is not None and all(
             set(ids_of(base, k)) == set(v) for k, v in actual.items())
+        if alloc_ok and base is not None and "gpu" not in self.served:
+            # The pod's GPUs are the record's, but another plugin may have swapped them
+            # between containers: a pair must not cross a container's boundary.
+            alloc_ok = self._paired_per_container(base, a, pod, unknown) is base
         consumed_ok = rec is not None and all(
             any(cn.container == cname and cn.resource == r and set(cn.device_ids) == set(ids)
                 for cn in rec.consumed) for cname, r, ids in notes)
@@ -546,16 +564,75 @@ class Admission:
         if not alloc_ok:
             new = reconcile(self.topology, base, actual, decided_at=self.clock(),
                             index=self.index)
+            new = self._paired_per_container(new, a, pod, unknown)
             warn(f"{pod}: kubelet assigned {dict(actual)}, which differs from the record; "
                  f"the node's record now holds what kubelet assigned (decidedBy: node)")
             self.store.put(self._key(pod), new)
             self._said(Corrected(self.node, f"{pod.namespace}/{pod.name}", pod.uid, new,
                                  f"kubelet assigned {dict(actual)}"))
+            if self.on_corrected is not None:
+                self.on_corrected(Correction(
+                    pod.namespace, pod.name, pod.uid, base, new,
+                    {c: self._container_ids(a, c, "gpu", unknown) for c in a.containers},
+                    self._pair_files(pod, new, a, unknown), self.names.gpu))
         elif rec is None:
             self.store.put(self._key(pod), base)  # type: ignore[arg-type]
         for cname, r, noted in notes:
             self.store.mark_consumed(pod.uid, cname, r, list(noted))
         return warnings
+
+    def _container_ids(self, a: AssignedPod, container: str, kind: Kind,
+                       unknown: set[str]) -> tuple[str, ...]:
+        r = self.resource_of(kind)
+        if r in unknown:
+            return ()
+        return tuple(dict.fromkeys(a.containers.get(container, {}).get(r, ())))
+
+    def _complete(self, a: AssignedPod, pod: PodView, container: str) -> bool:
+        """Whether PodResources lists every device the container asks for (kubelet is
+        done admitting it)."""
+        view = pod.container(container)
+        per = a.containers.get(container, {})
+        return view is not None and all(
+            len(set(per.get(r, ()))) >= n for r, n in view.devices if r in self.names.managed)
+
+    def _paired_per_container(self, alloc: Allocation, a: AssignedPod, pod: PodView,
+                              unknown: set[str]) -> Allocation:
+        """`alloc` with no pair crossing a container's boundary, by what kubelet assigned
+        each container (a GPU of one container cannot talk over another's NIC)."""
+        if self.names.gpu in unknown:  # GPU IDs this node cannot name: nothing to pair by
+            return alloc
+        for cname in a.containers:
+            if not self._complete(a, pod, cname):
+                continue
+            gpus = self._container_ids(a, cname, "gpu", unknown)
+            nics = [i for k in self.devices.nic_kinds
+                    for i in self._container_ids(a, cname, k, unknown)]
+            repaired = pair_container(self.topology, alloc, gpus, nics,
+                                      decided_at=alloc.decided_at, index=self.index)
+            alloc = repaired if repaired is not None else alloc
+        return alloc
+
+    def _pair_files(self, pod: PodView, alloc: Allocation, a: AssignedPod,
+                    unknown: set[str]) -> tuple[PairFile, ...]:
+        """The pair file of each container holding NICs of ours, from `alloc` and the
+        devices kubelet really gave it; only containers kubelet is done with."""
+        files: list[PairFile] = []
+        if self.names.gpu in unknown:  # GPU IDs this node cannot name: the file stands
+            return ()
+        recorded = {n.pci_address: n for n in alloc.all_nics}
+        for cname in a.containers:
+            nics = [i for k in self.devices.nic_kinds if k in self.served
+                    for i in self._container_ids(a, cname, k, unknown)]
+            if not nics or not self._complete(a, pod, cname):
+                continue
+            held = container_pairs(alloc, self._container_ids(a, cname, "gpu", unknown), nics,
+                                   named={i: self._nic_ref(i, recorded) for i in nics
+                                          if i in self.index.nics})
+            files.append(PairFile(pod.uid, cname, pair_file_json(
+                held, namespace=pod.namespace, pod=pod.name, uid=pod.uid, container=cname,
+                options=self.pair_map)))
+        return tuple(files)
 
     def _known(self, kind: Kind, device_id: str) -> bool:
         """Whether `device_id` names a device of this node of this kind."""
