@@ -9,6 +9,9 @@ VF pools (docs/decisions/0085): a VF is taken from its own pool only; the paired
 pair, the other pools' are unpaired NICs; a PF is open (aligned capacity) while it has a free
 VF of any pool; the address tie-break lists the paired pool's PFs, then each other pool's.
 
+Bandwidth (docs/decisions/0093): the VFs a candidate takes on a PF, each asking
+`r.vf_bandwidth` percent, and the shares the ledger's records hold there sum to at most 100.
+
 Rails (docs/rails.md): pair p (the p-th paired GPU in address order) wants the rail
 `r.wanted_rails[p]` (None: any); a pair whose NIC's PF is on another rail, or on none, is a
 mismatch: infeasible under `rails: required`, else counted right after the worst distance.
@@ -73,6 +76,11 @@ class Node:
                     self.free_pool[key] += 1
             self.whole_ok[n.pci_address] = (port and not n.default_route and not whole_held
                                             and not in_use and not held)
+        # VF bandwidth shares held per PF (docs/decisions/0093), from the records themselves.
+        self.bandwidth_used: Counter[str] = Counter()
+        for _, held in (ledger.holders() if ledger else ()):
+            for n in held.vfs:
+                self.bandwidth_used[n.pf_pci_address] += n.bandwidth or 0
         self.free_cpus = {m.id: len(m.cpu_ids - used_cpus) for m in t.numa_nodes}
         self.free_mem = {m.id: m.memory_bytes - (ledger.used_memory[m.id] if ledger else 0)
                          for m in t.numa_nodes}
@@ -208,7 +216,9 @@ def brute_force(t: NodeTopology, ledger: Ledger | None, r: Request) -> tuple | N
                    if kind == "vf" and cs[q]} for q in range(len(asked))]
         whole = {a for a, (kind, _) in zip(pfs, combo, strict=True) if kind == "whole"}
         if (all(sum(c.values()) == n for c, (_, n) in zip(counts, asked, strict=True))
-                and len(whole) == r.pfs):
+                and len(whole) == r.pfs
+                and all(node.bandwidth_used[a] + r.vf_bandwidth * sum(c.get(a, 0) for c in counts)
+                        <= 100 for a in pfs)):
             configs.append((counts, whole))
     best = None
     for gset in combinations(node.free_gpus, r.gpus):

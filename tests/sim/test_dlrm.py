@@ -142,3 +142,26 @@ def test_the_real_dlrm_trace_runs_through_simulate(tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["railyard"]["podsPlaced"] > 0
     assert "nicBandwidthOvercommit" in metrics["random"]
+
+
+def test_railyard_never_overcommits_a_pf_where_the_shares_make_baselines_do():
+    """The same tight cluster as above at twice its load: the shares over-commit PFs under
+    some baseline, never under Railyard, whose records carry each VF's share (decision
+    0093) — the ledger would refuse a record past 100."""
+    topologies = list(cluster_from_spec("dgx-h100:2,cpu-rdma:2"))
+    arrivals, _ = trace_arrivals(load_trace(str(SYNTHETIC)), 16, seed=1, load=2.0)
+    shares = {a.uid: a.pod.rdma_percent for a in arrivals}
+    seen: list[int] = []
+
+    def check(policy: Policy, res: NodeResources) -> None:
+        for _, ledger in policy.ledgers().items():
+            for uid, alloc in ledger.holders():
+                assert all(vf.bandwidth == shares[uid] for vf in alloc.vfs), uid
+            seen.append(len(ledger))
+
+    result = simulate(topologies, arrivals, list(DEFAULT_POLICIES), seed=1,
+                      observer=lambda p, r: check(p, r) if p.name == "railyard" else None)
+    metrics = {n: r.metrics.as_json() for n, r in result.results.items()}
+    assert metrics["railyard"]["nicBandwidthOvercommit"] == 0
+    assert metrics["railyard"]["podsPlaced"] > 0 and sum(seen) > 0
+    assert max(m["nicBandwidthOvercommit"] for m in metrics.values()) > 0

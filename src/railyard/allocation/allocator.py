@@ -44,7 +44,7 @@ from railyard.topology.cpus import format_cpulist
 from railyard.topology.model import Distance, NodeTopology
 
 Packing = Literal["binpack", "spread"]
-_EMPTY_SIGNATURE: tuple = ((), (), (), (), (), ())
+_EMPTY_SIGNATURE: tuple = ((), (), (), (), (), (), ())
 _MEMO_LIMIT = 1 << 16
 _SHAPE_LIMIT = 1 << 14
 
@@ -448,6 +448,7 @@ class _Plan:
     exclusive: bool
     numa_nodes: tuple[int, ...]  # real ids
     memory_bytes: tuple[tuple[int, int], ...]
+    bandwidth: int = 0  # each VF's share, percent (0: none asked)
 
 
 def _plan(shape: NodeShape, choice: Choice, request: Request) -> _Plan:
@@ -499,6 +500,7 @@ def _plan(shape: NodeShape, choice: Choice, request: Request) -> _Plan:
         exclusive=bool(request.exclusive_cpus),
         numa_nodes=tuple(ids[b] for b in range(len(ids)) if (choice.numa_mask >> b) & 1),
         memory_bytes=tuple((ids[b], m) for b, m in choice.memory),
+        bandwidth=request.vf_bandwidth,
     )
 
 
@@ -552,6 +554,12 @@ def _concrete(shape: NodeShape, ledger: Ledger, plan: _Plan) -> Allocation:
                     if taken == count:
                         break
     gpu_refs = shape.gpu_refs
+    if plan.bandwidth:  # each VF records its share (docs/decisions/0093)
+        share = plan.bandwidth
+        pairs = [replace(p, nic=replace(p.nic, bandwidth=share)) if p.nic.kind == "vf" else p
+                 for p in pairs]
+        unpaired_nics = [replace(n, bandwidth=share) if n.kind == "vf" else n
+                         for n in unpaired_nics]
     return Allocation(
         node=shape.topology.node,
         numa_nodes=plan.numa_nodes,

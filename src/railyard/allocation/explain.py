@@ -209,6 +209,17 @@ def _reason(shape: NodeShape, free: FreeState, request: Request,
         why = _why_no_vfs(shape, free, list(range(len(shape.pfs))))
         return (f"{_plural(spec.vfs, 'VF')} requested but only {vf_free} free"
                 + (f": {_listed(why)}" if why else ""))
+    if spec.share:
+        capped = free.capped(spec.share)
+        room = sum(capped.vfs)
+        if spec.vfs > room:
+            left = free.bandwidth or (100,) * len(shape.pfs)
+            short = [f"PF {shape.pfs[j].pci_address} has {left[j]}% left" for j in range(
+                len(shape.pfs)) if free.vfs[j] > capped.vfs[j]]
+            return (f"{_plural(spec.vfs, 'VF')} of {spec.share}% bandwidth each requested but "
+                    f"the PFs' bandwidth left holds only {room}"
+                    + (f": {_listed(short)}" if short else ""))
+        free = capped
     whole_free = sum(free.whole_ok)
     if spec.pfs > whole_free:
         why = _why_not_whole(shape, free)

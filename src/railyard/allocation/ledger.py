@@ -28,6 +28,7 @@ class Holding:
     pfs: frozenset[str]
     cpus: frozenset[int]
     memory_bytes: tuple[tuple[int, int], ...]
+    bandwidth: tuple[tuple[str, int], ...] = ()  # (PF, its VFs' shares summed), sorted
 
     @classmethod
     def of(cls, alloc: Allocation) -> Holding:
@@ -38,9 +39,14 @@ class Holding:
             dup = [a for a, c in Counter(items).items() if c > 1]
             if dup:
                 raise LedgerConflict(f"allocation names {what} {dup[0]} twice")
+        shares: Counter[str] = Counter()
+        for n in alloc.vfs:
+            if n.bandwidth:
+                shares[n.pf_pci_address] += n.bandwidth
         return cls(
             frozenset(gpus), frozenset(vfs), frozenset(pfs),
             frozenset(parse_cpulist(alloc.cpus or "")), alloc.memory_bytes,
+            tuple(sorted(shares.items())),
         )
 
 
@@ -58,6 +64,8 @@ class Ledger:
         self.used_cpus: set[int] = set()
         self.used_memory: Counter[int] = Counter()
         self._vfs_used_per_pf: Counter[str] = Counter()
+        # VF bandwidth shares held per PF, percent (docs/decisions/0093): never past 100.
+        self._bandwidth_per_pf: Counter[str] = Counter()
         # VFs of pools other than the default, per (PF, pool): what the signature tells apart.
         self._vfs_used_per_pool: Counter[tuple[str, str]] = Counter()
         self._pf_of_vf = {v.pci_address: n.pci_address for n in topology.nics for v in n.vfs}
@@ -94,6 +102,8 @@ class Ledger:
         self.used_cpus |= h.cpus
         for numa, b in h.memory_bytes:
             self.used_memory[numa] += b
+        for pf, share in h.bandwidth:
+            self._bandwidth_per_pf[pf] += share
         for vf in h.vfs:
             self._vfs_used_per_pf[self._pf_of_vf[vf]] += 1
             pool = self._pool_of_vf.get(vf)
@@ -115,6 +125,10 @@ class Ledger:
             self.used_memory[numa] -= b
             if self.used_memory[numa] <= 0:
                 del self.used_memory[numa]
+        for pf, share in h.bandwidth:
+            self._bandwidth_per_pf[pf] -= share
+            if self._bandwidth_per_pf[pf] <= 0:
+                del self._bandwidth_per_pf[pf]
         for vf in h.vfs:
             pf = self._pf_of_vf[vf]
             self._vfs_used_per_pf[pf] -= 1
@@ -151,6 +165,14 @@ class Ledger:
         for vf in h.vfs:
             if self._pf_of_vf[vf] in self.used_pfs:
                 raise LedgerConflict(f"VF {vf} on {node} belongs to a PF held whole")
+        for pf, share in h.bandwidth:
+            if pf not in self._pfs:
+                raise LedgerConflict(f"PF {pf} does not exist on {node}")
+            held = self._bandwidth_per_pf.get(pf, 0)
+            if held + share > 100:
+                raise LedgerConflict(
+                    f"PF {pf} on {node} has {100 - held}% of its bandwidth left; the "
+                    f"allocation's VFs there ask {share}%")
         if h.cpus - self._cpus:
             raise LedgerConflict(f"CPU {min(h.cpus - self._cpus)} does not exist on {node}")
         if h.cpus & self.used_cpus:
@@ -176,6 +198,7 @@ class Ledger:
         new.used_memory = Counter(self.used_memory)
         new._vfs_used_per_pf = Counter(self._vfs_used_per_pf)
         new._vfs_used_per_pool = Counter(self._vfs_used_per_pool)
+        new._bandwidth_per_pf = Counter(self._bandwidth_per_pf)
         new._pf_of_vf = self._pf_of_vf
         new._pool_of_vf = self._pool_of_vf
         new._gpus = self._gpus
@@ -210,6 +233,10 @@ class Ledger:
         """VFs of one pool other than the default in use on a PF."""
         return self._vfs_used_per_pool.get((pf_pci_address, pool), 0)
 
+    def bandwidth_used_on(self, pf_pci_address: str) -> int:
+        """The bandwidth shares its VFs hold on a PF, percent."""
+        return self._bandwidth_per_pf.get(pf_pci_address, 0)
+
     def signature(self) -> tuple:
         """The free state as a hashable value: equal on two nodes of one shape ⇒ same answers.
 
@@ -218,7 +245,8 @@ class Ledger:
         used still share a signature; pinned CPUs likewise enter as counts per NUMA node.
         Memory enters per NUMA node in bytes. VFs of pools other than the default enter
         again per (PF, pool), so nodes that differ in which pool's VFs are used differ; the
-        item is empty on a node without pools. Cached until the next add/remove.
+        item is empty on a node without pools. VF bandwidth shares enter summed per PF
+        (empty when none is held). Cached until the next add/remove.
         """
         if self._signature is not None:
             return self._signature
@@ -229,5 +257,6 @@ class Ledger:
             tuple(sorted(Counter(self._numa_of_cpu[c] for c in self.used_cpus).items())),
             tuple(sorted(self.used_memory.items())),
             tuple(sorted(self._vfs_used_per_pool.items())),
+            tuple(sorted(self._bandwidth_per_pf.items())),
         )
         return self._signature

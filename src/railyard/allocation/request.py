@@ -57,11 +57,20 @@ class Request:
     # Never a limit: the allocator places the best worst pair the node has, as without it;
     # it steers the node score (`scored_preference`) and is recorded with what was achieved.
     prefer_distance: Distance | None = None
+    # The `vfBandwidth` hint (docs/decisions/0093): each VF's share of its PF's line rate, in
+    # percent (1–100; 0: none asked). The VFs of one PF never hold more than 100 between
+    # them (a whole PF counts 100); VFs that ask none count 0.
+    vf_bandwidth: int = 0
 
     def __post_init__(self) -> None:
         for name in ("gpus", "vfs", "pfs", "exclusive_cpus", "memory_bytes"):
             if getattr(self, name) < 0:
                 raise RequestError(name, "must not be negative")
+        if not 0 <= self.vf_bandwidth <= 100:
+            raise RequestError("vfBandwidth", "a percentage of one PF's line rate, 1–100")
+        if self.vf_bandwidth and len(self.vf_counts) != 1:
+            raise RequestError("vfBandwidth", "applies to the VFs of one pool: the pod asks "
+                               + ("no VFs" if not self.vf_counts else "VFs of several pools"))
         names = [n for n, _ in self.pool_vfs]
         if names != sorted(set(names)) or any(c <= 0 for _, c in self.pool_vfs):
             raise RequestError("pool_vfs", "expected (pool, count > 0) pairs sorted by pool")
@@ -118,7 +127,8 @@ class Request:
         between pods that prefer and pods that do not."""
         return (self.gpus, self.vfs, self.pfs, self.exclusive_cpus, self.memory_bytes,
                 self.max_distance, self.numa, self.pairing, self.pool_vfs, self.pair_pool,
-                self.wanted_rails, self.rail_policy if self.wanted_rails else None)
+                self.wanted_rails, self.rail_policy if self.wanted_rails else None,
+                self.vf_bandwidth)
 
     @property
     def scored_preference(self) -> Distance | None:
@@ -389,12 +399,12 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
     # A hint's error quotes at most 40 characters of what it refuses (`_short`): the
     # annotation may be 256 KiB, its error goes to kube-scheduler, the logs and Events.
     unknown = set(data) - {"maxDistance", "numa", "pairing", "pairPool", "preferDistance",
-                           "rails"}
+                           "rails", "vfBandwidth"}
     if unknown:
         key = sorted(unknown)[0]
         raise RequestError(f"{field}.{key if len(key) <= 40 else key[:37] + '...'}",
                            "unknown key (known: maxDistance, numa, pairPool, pairing, "
-                           "preferDistance, rails)")
+                           "preferDistance, rails, vfBandwidth)")
     out: dict[str, Any] = {}
     for key, name in (("maxDistance", "max_distance"), ("preferDistance", "prefer_distance")):
         if key not in data:
@@ -430,6 +440,12 @@ def parse_hints(data: Any, field: str = "hints") -> dict[str, Any]:
             raise RequestError(f"{field}.pairPool",
                                f"expected a VF pool's resource name, got {_short(v)}")
         out["pair_pool"] = v
+    if "vfBandwidth" in data:
+        v = data["vfBandwidth"]
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 100:
+            raise RequestError(f"{field}.vfBandwidth", "expected an integer percentage of one "
+                                                       f"PF's line rate, 1–100, got {_short(v)}")
+        out["vf_bandwidth"] = v
     return out
 
 

@@ -123,6 +123,9 @@ class Spec:
     # mismatch is infeasible rather than counted (docs/rails.md).
     rails: tuple[int, ...] = ()
     rails_required: bool = False
+    # Each VF's bandwidth share, percent (0: none): the search sees each PF's VFs capped to
+    # what its bandwidth left holds (`FreeState.capped`; docs/decisions/0093).
+    share: int = 0
 
     @classmethod
     def of(cls, r: Request) -> Spec:
@@ -144,7 +147,7 @@ class Spec:
             rails = rails[:-1]
         return cls(k, r.paired_vfs, r.pfs, r.exclusive_cpus, r.memory_bytes, maxd, r.numa,
                    lo, hi, pairs, r.pair_pool, others, rails,
-                   bool(rails) and r.rail_policy == "required")
+                   bool(rails) and r.rail_policy == "required", r.vf_bandwidth)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,9 @@ class Search:
                            for p, n in spec.others]
             # Per PF: free VFs of pools other than the paired one (keep the PF open).
             self.other_free = [a - b for a, b in zip(any_vfs, self.free.vfs, strict=True)]
+        if spec.share:
+            # Only the paired pool's VFs: a request with a share asks one pool (`Request`).
+            self.free = self.free.capped(spec.share)
         self.open0 = sum(1 << j for j, r in enumerate(any_vfs) if r > 0)
         # Another pool asked, or free VFs of a pool not paired: level 3 counts pools.
         self.pooled = bool(self.others) or any(self.other_free)
@@ -1112,9 +1118,10 @@ def fits_by_counts(shape: NodeShape, free: FreeState, spec: Spec) -> bool | None
             and spec.max_distance >= Distance.SYS and spec.numa != "single"):
         return None
     if len(shape.pool_names) == 1 and spec.pool is None:
-        vfs = free.vfs
+        vfs = free.capped(spec.share).vfs
     else:
-        vfs = free.for_pool({p: q for q, p in enumerate(shape.pool_names)}.get(spec.pool)).vfs
+        index = {p: q for q, p in enumerate(shape.pool_names)}
+        vfs = free.for_pool(index.get(spec.pool)).capped(spec.share).vfs
     if free.gpus.bit_count() < spec.gpus or sum(vfs) < spec.vfs:
         return False
     wanted: dict[int, int] = {}

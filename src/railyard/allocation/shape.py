@@ -243,6 +243,19 @@ class FreeState:
     # `for_pool`'s view, where it is one pool's and `any_vfs` keeps the sum.
     pools: tuple[tuple[int, ...], ...] = ()
     any_vfs: tuple[int, ...] = ()
+    # Per PF: the bandwidth its VFs' shares leave, percent (docs/decisions/0093); empty: 100
+    # on every PF (nothing held asks a share).
+    bandwidth: tuple[int, ...] = ()
+
+    def capped(self, share: int) -> FreeState:
+        """The free state as a request whose VFs each ask `share` percent sees it: a PF
+        gives at most as many VFs as its bandwidth left holds shares (`vfs` only: such a
+        request asks the VFs of one pool, already selected by `for_pool`)."""
+        if not share:
+            return self
+        left = self.bandwidth or (100,) * len(self.vfs)
+        return replace(self, vfs=tuple(min(v, b // share)
+                                       for v, b in zip(self.vfs, left, strict=True)))
 
     def for_pool(self, pool: int | None) -> FreeState:
         """The free state as one pool's request sees it: `vfs` counts that pool's VFs only
@@ -322,6 +335,8 @@ def free_state(shape: NodeShape, ledger: Ledger, signature: Sequence) -> FreeSta
                                                              strict=True))
     in_use = any(signature)
     free_vfs = tuple(vfs)
+    bandwidth = tuple(100 - ledger.bandwidth_used_on(n.pci_address) for n in shape.pfs) \
+        if signature[6] else ()
     return FreeState(gpus, free_vfs, tuple(whole), cpus, memory, in_use,
                      pools=(free_vfs,) if npools == 1 else tuple(map(tuple, pools)),
-                     any_vfs=free_vfs)
+                     any_vfs=free_vfs, bandwidth=bandwidth)

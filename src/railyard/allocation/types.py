@@ -42,6 +42,8 @@ class NicRef:
     rdma_device: str | None
     netdev: str | None
     pool: str | None = None  # a VF's pool (its resource name); None: the default pool
+    # A VF's share of its PF's line rate, percent (docs/decisions/0093); None: none asked.
+    bandwidth: int | None = None
 
     @classmethod
     def of_vf(cls, pf: Nic, vf: Vf) -> NicRef:

@@ -55,6 +55,8 @@ def nic_to_json(n: NicRef) -> dict[str, Any]:
     }
     if n.pool is not None:  # absent: the default pool, as every record before pools says
         out["pool"] = n.pool
+    if n.bandwidth is not None:  # absent: no share asked, as every record before 0093 says
+        out["bandwidth"] = n.bandwidth
     return out
 
 
@@ -114,8 +116,11 @@ def nic_from_json(v: Any, where: str) -> NicRef:
     if pool is not None and (kind == "pf" or pool.count("/") != 1
                              or not all(pool.partition("/")[::2])):
         f.fail("pool", "only a VF has a pool, named by its resource name (domain/name)")
+    bandwidth = f.integer("bandwidth", 1, 100) if "bandwidth" in f else None
+    if bandwidth is not None and kind == "pf":
+        f.fail("bandwidth", "only a VF has a bandwidth share (a whole PF counts 100)")
     return NicRef(kind, addr, pf, vf_index,  # type: ignore[arg-type]
-                  f.string_or_null("rdmaDevice"), f.string_or_null("netdev"), pool)
+                  f.string_or_null("rdmaDevice"), f.string_or_null("netdev"), pool, bandwidth)
 
 
 def allocation_from_json(v: Any, where: str = "allocation") -> Allocation:

@@ -58,7 +58,9 @@ class DemandRule:
         gpus = pod.gpus
         if pod.rdma_percent is not None:
             if pod.rdma_percent:
-                return "rdma", Request(gpus=gpus, vfs=1)
+                # The share is asked as the VF's bandwidth: Railyard's allocator keeps each
+                # PF's sum ≤ 100 (docs/decisions/0093); baselines place as they would.
+                return "rdma", Request(gpus=gpus, vfs=1, vf_bandwidth=pod.rdma_percent)
             return "plain", Request(gpus=gpus)
         if gpus >= self.training_min_gpus:
             limit = Distance.PXB if self.strict else None
