@@ -140,6 +140,11 @@ def test_kubelet_giving_other_gpus_than_the_record_gets_a_pair_map_of_the_gpus_r
     assert alloc.decided_by == "node"
     assert {(p.gpu.device_id, p.nic.pci_address) for p in alloc.pairs} == {
         (p["gpu"]["uuid"], p["nic"]["pciAddress"]) for p in pairs_file["pairs"]}
+    agent_log = (box.layout.dir / "logs" / "railyard-agent.log").read_text(errors="replace")
+    assert "PreStartContainer for" not in agent_log  # no check failed
+    started = [line for line in agent_log.splitlines()
+               if "PodResources checked before the start of a container" in line]
+    assert any(all(v in line for v in vfs) for line in started), started  # kubelet asked
     # The CNI moved the VFs in the corrected pairs: each pair's podNetdev in the file is the
     # pod's interface with that VF's MAC.
     host_name = {p.nic.pci_address: p.nic.netdev for p in alloc.pairs}

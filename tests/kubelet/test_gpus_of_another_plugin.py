@@ -1,7 +1,8 @@
 """GPUs from another plugin (`gpuPlugin: false`, decision 0090): our Allocate leaves out the
 variables that name GPUs and points at the pair file; the PodResources check learns the GPUs
 kubelet really gave, corrects the node's truth, pairs the NICs again with them, writes the
-pair file again and raises an Event on the pod; a CNI call runs that check first."""
+pair file again and raises an Event on the pod; a CNI call and kubelet's PreStartContainer
+run that check first."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from railyard.agent.agent import CheckedGrants
 from railyard.agent.config import AgentConfig
 from railyard.cni.spec import PodArgs
+from railyard.kubelet.api import deviceplugin_pb2 as pb
 from support.agent import GPU, VF, allocation, async_test, make_tree, pod, rig, topology
 
 TOPO = topology("dgx-h100", vfs_per_pf=2)
@@ -182,3 +184,50 @@ async def test_with_our_own_gpu_plugin_the_variables_name_the_gpus(tmp_path, dgx
             G[0], G[1]}
         await gpu.close()
         await vf.close()
+
+
+@async_test
+async def test_with_gpus_not_ours_kubelet_is_asked_to_call_before_each_container_starts(
+        tmp_path, dgx_tree):
+    async with rig(tmp_path, dgx_tree, [], config=config(tmp_path)) as r:
+        [reg] = [x for x in r.kubelet.registrations if x.resource == VF]
+        assert reg.options.pre_start_required and reg.options.get_preferred_allocation_available
+        vf = r.kubelet.client(VF)
+        assert (await vf.options()).pre_start_required
+        await vf.close()
+    cfg = AgentConfig(devinfo_dir=str(tmp_path / "devinfo2"))
+    async with rig(tmp_path / "own", dgx_tree, [], config=cfg) as r:
+        assert not any(x.options.pre_start_required for x in r.kubelet.registrations)
+
+
+@async_test
+async def test_prestartcontainer_corrects_the_pair_file_before_the_container_is_made(
+        tmp_path, dgx_tree):
+    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
+    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
+    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
+        vf = r.kubelet.client(VF)
+        path, _ = pair_file(await vf.allocate([VF18, VF40]))
+        r.podres.state.assign("team", "a", "main", GPU, [G[3], G[2]])
+        r.podres.state.assign("team", "a", "main", VF, [VF18, VF40])
+        await vf.stub.PreStartContainer(pb.PreStartContainerRequest(
+            devices_ids=[VF18, VF40]), timeout=5)
+        assert {x["gpu"]["uuid"] for x in json.loads(path.read_text())["pairs"]} == {
+            G[2], G[3]}
+        await vf.close()
+
+
+@async_test
+async def test_a_failing_check_before_start_never_fails_the_containers_start():
+    from railyard.kubelet.plugin import DeviceList, DevicePluginServicer
+
+    async def broken(resource: str, ids) -> None:
+        raise RuntimeError("PodResources is gone")
+
+    servicer = DevicePluginServicer(VF, DeviceList(), handler=None,  # type: ignore[arg-type]
+                                    before_start=broken)
+    answer = await servicer.PreStartContainer(
+        pb.PreStartContainerRequest(devices_ids=[VF18]), None)  # type: ignore[arg-type]
+    assert answer == pb.PreStartContainerResponse()
+    assert (await servicer.GetDevicePluginOptions(pb.Empty(), None)  # type: ignore[arg-type]
+            ).pre_start_required

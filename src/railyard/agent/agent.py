@@ -20,7 +20,7 @@ import inspect
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -100,7 +100,7 @@ EVENTS_NAMESPACE = "default"  # a Node's Events, as kubelet writes them
 EVENT_COMPONENT = "railyard-agent"
 STATE_REBUILT = "RailyardNodeStateRebuilt"  # the Node Event when records were made again
 EVENTS_DRAIN_S = 1.0  # at stop, Events in flight get this long before the client closes
-CNI_VERIFY_TIMEOUT_S = 5.0  # the PodResources check a CNI ADD waits for (GPUs not ours)
+CHECK_BEFORE_S = 5.0  # the PodResources check a CNI ADD or a container start waits for
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +252,11 @@ class Agent:
         await self._scan_health()
         for kind, listed in self.lists.items():
             resource = self.admission.resource_of(kind)
-            self.endpoints[kind] = PluginEndpoint(resource, listed, self.admission, self.paths,
-                                                  self.metrics)
+            # GPUs from another plugin: kubelet asks before each container starts, when
+            # every device of the pod is in PodResources (decision 0090).
+            self.endpoints[kind] = PluginEndpoint(
+                resource, listed, self.admission, self.paths, self.metrics,
+                before_start=self._before_start if "gpu" not in self.lists else None)
             log.info("%s: %d devices offered", resource, len(listed.devices))
         watched = {ep.folder for ep in self.endpoints.values()}
         if not self.paths.watcher_mode:
@@ -569,6 +572,18 @@ class Agent:
                                     type_=WARNING, component=EVENT_COMPONENT, instance=node,
                                     host=node, now=event_time()))
 
+    async def _before_start(self, resource: str, device_ids: Sequence[str]) -> None:
+        """kubelet's PreStartContainer: the check, so that a correction (and the pair file
+        made again) lands before the runtime creates the container and mounts the file."""
+        try:
+            warnings = await asyncio.wait_for(self.verify(), CHECK_BEFORE_S)
+        except TimeoutError:
+            log.warning("%s: PodResources check before a container start of %s timed out; "
+                        "the record stands", resource, list(device_ids))
+        else:
+            log.info("%s: PodResources checked before the start of a container of %s (%d "
+                     "warnings)", resource, ",".join(device_ids), len(warnings))
+
     def _verify_from_thread(self) -> None:
         """`verify` on the agent's loop, from another thread (the CNI service's); bounded,
         and a failure only logged: the ADD goes on with the record as it is."""
@@ -577,7 +592,7 @@ class Agent:
             return
         future = asyncio.run_coroutine_threadsafe(self.verify(), loop)
         try:
-            future.result(timeout=CNI_VERIFY_TIMEOUT_S)
+            future.result(timeout=CHECK_BEFORE_S)
         except Exception as e:
             future.cancel()
             log.warning("PodResources check before a CNI call failed (%r); the record stands",

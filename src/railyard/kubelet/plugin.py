@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,6 +42,12 @@ Context = grpc.aio.ServicerContext  # [request type, response type]
 
 class PluginError(Exception):
     """A plugin that cannot serve (its socket cannot be made); the message says why."""
+
+
+# Awaited in kubelet's PreStartContainer, which kubelet calls (before creating each container
+# holding this plugin's devices) only for a plugin that registers with `pre_start_required`:
+# the agent's last look at PodResources when GPUs are another plugin's (decision 0090).
+BeforeStart = Callable[[str, Sequence[str]], Awaitable[None]]
 
 
 class AdmissionHandler(Protocol):
@@ -122,17 +128,18 @@ def grant_to_pb(g: ContainerGrant) -> pb.ContainerAllocateResponse:
 
 class DevicePluginServicer(pb_grpc.DevicePluginServicer):
     def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler,
-                 metrics: AgentMetrics | None = None) -> None:
+                 metrics: AgentMetrics | None = None,
+                 before_start: BeforeStart | None = None) -> None:
         self.resource = resource
         self.devices = devices
         self.handler = handler
         self.metrics = metrics
+        self.before_start = before_start
 
     async def GetDevicePluginOptions(self, request: pb.Empty,
                                      context: Context[pb.Empty, pb.DevicePluginOptions]
                                      ) -> pb.DevicePluginOptions:
-        return pb.DevicePluginOptions(pre_start_required=False,
-                                      get_preferred_allocation_available=True)
+        return plugin_options(self.before_start is not None)
 
     async def ListAndWatch(self, request: pb.Empty,
                            context: Context[pb.Empty, pb.ListAndWatchResponse]
@@ -202,7 +209,18 @@ class DevicePluginServicer(pb_grpc.DevicePluginServicer):
             self, request: pb.PreStartContainerRequest,
             context: Context[pb.PreStartContainerRequest, pb.PreStartContainerResponse]
     ) -> pb.PreStartContainerResponse:
+        if self.before_start is not None:
+            try:
+                await self.before_start(self.resource, list(request.devices_ids))
+            except Exception:  # an error here would fail the container's start
+                log.exception("%s: PreStartContainer for %s failed; the container starts "
+                              "as it is", self.resource, list(request.devices_ids))
         return pb.PreStartContainerResponse()
+
+
+def plugin_options(pre_start: bool) -> pb.DevicePluginOptions:
+    return pb.DevicePluginOptions(pre_start_required=pre_start,
+                                  get_preferred_allocation_available=True)
 
 
 class WatcherRegistration(reg_grpc.RegistrationServicer):
@@ -269,8 +287,10 @@ class PluginEndpoint:
     """Serves one resource's plugin and keeps it registered across kubelet restarts."""
 
     def __init__(self, resource: str, devices: DeviceList, handler: AdmissionHandler,
-                 paths: KubeletPaths, metrics: AgentMetrics | None = None) -> None:
+                 paths: KubeletPaths, metrics: AgentMetrics | None = None,
+                 before_start: BeforeStart | None = None) -> None:
         self.resource = resource
+        self.before_start = before_start
         self.metrics = metrics
         self.devices = devices
         self.handler = handler
@@ -301,7 +321,8 @@ class PluginEndpoint:
                               f"{MAX_SOCKET_PATH} bytes; use a shorter --kubelet-dir")
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(self.resource, self.devices, self.handler, self.metrics),
+            DevicePluginServicer(self.resource, self.devices, self.handler, self.metrics,
+                                 self.before_start),
             server)
         if self.watcher_mode:
             self._registration = WatcherRegistration(self.resource, self.socket_path)
@@ -324,7 +345,7 @@ class PluginEndpoint:
                         version=API_VERSION,
                         endpoint=os.path.basename(self.socket_path),
                         resource_name=self.resource,
-                        options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                        options=plugin_options(self.before_start is not None),
                     ),
                     timeout=REGISTER_TIMEOUT_S,
                 )
