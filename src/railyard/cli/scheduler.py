@@ -117,6 +117,11 @@ def scheduler(
              "genpkey -algorithm ed25519) and believe only signed records: decisions signed "
              "with it, node truths signed with the key each node's NodeTopology publishes. "
              "Without it every record is trusted (docs/decisions/0087).")] = None,
+    idle_node_reserve: Annotated[int, typer.Option(
+        "--idle-node-reserve", metavar="K", min=0,
+        help="The admission reserve: while at most K nodes of 8 or more GPUs are idle, a pod "
+             "that would not fill one may not open one (0: off). Trades GPU allocation for "
+             "room for the largest pods (docs/scheduler.md, docs/simulator.md).")] = 0,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
@@ -162,7 +167,7 @@ def scheduler(
                                       leader_elect_lease_duration, leader_elect_renew_deadline,
                                       leader_elect_retry_period)
         _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
-                   tls, names, _signing_key(signing_key_file))
+                   tls, names, _signing_key(signing_key_file), idle_node_reserve)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
@@ -181,7 +186,7 @@ def scheduler(
     sf = None
     try:
         cluster = load_cluster(cluster_file)
-        state = ClusterState(cluster.topologies)
+        state = ClusterState(cluster.topologies, idle_reserve=idle_node_reserve)
         if state_file is not None:
             sf, pods = StateFile.open(state_file, seed=cluster.pods)
             state.restore(pods)
@@ -284,7 +289,7 @@ async def _serve(extender: Extender, host: str, port: int, source: str,
 def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
                qps: float, burst: int, election: LeaderElection | None,
                tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES,
-               signing_key: Ed25519PrivateKey | None = None) -> None:
+               signing_key: Ed25519PrivateKey | None = None, idle_reserve: int = 0) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -309,7 +314,7 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
         async with Client(config, qps=qps, burst=burst, user_agent="railyard-scheduler") as c, \
                 Client(config, qps=5, burst=10, connections=2,
                        user_agent="railyard-scheduler-election") as lease_client:
-            state = ClusterState(())
+            state = ClusterState((), idle_reserve=idle_reserve)
             elector = None
             if election is not None:
                 elector = Elector(

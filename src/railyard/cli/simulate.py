@@ -75,6 +75,11 @@ def simulate(
         help="Add N gangs beside the trace's pods: jobs of 2-4 pods of 2, 4 or 8 GPUs (a VF "
              "per GPU), each placed all-or-nothing; metrics then say how many kept one rail "
              "sequence (railConsistentJobShare; docs/simulator.md, \"Gangs\").")] = 0,
+    reserve: Annotated[int | None, typer.Option(
+        "--reserve", metavar="K", min=0,
+        help="Also run railyard-reserve: Railyard with the extender's admission reserve of K "
+             "idle nodes of 8+ GPUs (--idle-node-reserve), beside the policies asked, so the "
+             "trade shows side by side (docs/simulator.md).")] = None,
     progress: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar.")] = True,
 ) -> None:
@@ -95,7 +100,7 @@ def simulate(
             headline,
             write_report,
         )
-        from railyard.sim.run import PolicyError, parse_policies
+        from railyard.sim.run import DEFAULT_RESERVE, PolicyError, parse_policies
         from railyard.sim.run import simulate as run_simulation
         from railyard.sim.trace import TraceError, load_trace
     except ModuleNotFoundError as exc:
@@ -109,6 +114,9 @@ def simulate(
     console = Console(stderr=False)
     try:
         names = parse_policies(policies)
+        if reserve is not None and "railyard-reserve" not in names:
+            names.insert(names.index("railyard") + 1 if "railyard" in names else 0,
+                         "railyard-reserve")
         rule = DemandRule(vf_share=vf_share, strict=strict)
         if not 0 < load <= 10:
             raise ValueError(f"--load must be within (0, 10], got {load}")
@@ -154,7 +162,8 @@ def simulate(
         tasks = {n: bar.add_task(n, total=len(arrivals)) for n in names}
         try:
             result = run_simulation(topologies, arrivals, names, seed,
-                                    progress=lambda n: bar.advance(tasks[n]))
+                                    progress=lambda n: bar.advance(tasks[n]),
+                                    reserve=DEFAULT_RESERVE if reserve is None else reserve)
         except ImportError as exc:  # the extender's allocator is missing from this install
             fail(f"cannot run the railyard policy: {exc}")
     info = RunInfo(

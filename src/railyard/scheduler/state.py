@@ -153,6 +153,8 @@ class _TrackedLedger(Ledger):
 
 
 # The ledger holder of the devices a node reports unhealthy (not a pod UID: those are UUIDs).
+# A whole node, as the admission reserve counts them: as many GPUs as the largest pods ask.
+RESERVE_GPUS = 8
 UNHEALTHY_HOLDER = "railyard.dev/unhealthy"
 # Devices a rewritten record let go of while other records are still to be rewritten: kubelet
 # may have given them to one of those pods (hold_records). No pod; held until all settle.
@@ -255,9 +257,14 @@ class ClusterState:
 
     def __init__(self, topologies: Iterable[NodeTopology],
                  allocator: NodeAllocator | None = None, *,
-                 call_budget: int | None = CALL_BUDGET) -> None:
+                 call_budget: int | None = CALL_BUDGET, idle_reserve: int = 0) -> None:
         self.allocator = allocator if allocator is not None else Allocator()
         self.call_budget = call_budget  # None: a call decides every group it names
+        if idle_reserve < 0:
+            raise ValueError(f"an idle-node reserve is a count of nodes ≥ 0, got {idle_reserve}")
+        # The admission reserve (docs/scheduler.md): while at most this many whole nodes
+        # (RESERVE_GPUS GPUs or more) are idle, a pod that would not fill one may not open one.
+        self.idle_reserve = idle_reserve
         self._nodes: dict[str, _Node] = {}
         self._groups: weakref.WeakValueDictionary[Hashable, _Group] = (
             weakref.WeakValueDictionary())
@@ -567,6 +574,8 @@ class ClusterState:
         of = list(map(refusals.__getitem__, of_name))
         good = list(map(operator.is_, of, itertools.repeat(None)))
         out.fits = list(itertools.compress(names, good))
+        if self.idle_reserve and out.fits:
+            out.fits = self._keep_reserve(request, out.fits, out.unresolvable)
         if len(out.fits) == len(names):
             return out
         for name, refusal in itertools.compress(zip(names, of, strict=True),
@@ -579,6 +588,35 @@ class ClusterState:
             else:
                 out.failed[name] = refusal.text(name)
         return out
+
+    def idle_whole_nodes(self) -> int:
+        """Nodes of RESERVE_GPUS GPUs or more with nothing held: what the reserve keeps."""
+        group_of = self._group_of_name
+        return sum(1 for n in list(self._nodes.values())
+                   if len(n.topology.gpus) >= RESERVE_GPUS and group_of.get(n.name) is n.empty)
+
+    def _keep_reserve(self, request: Request, fits: list[str],
+                      refused: dict[str, str]) -> list[str]:
+        """`fits` without the idle whole nodes a pod that would not fill one may not open
+        while the reserve is down to its last `idle_reserve` (each added to `refused`). Read
+        without the node locks: a bind racing this filter may open one more (a bind does not
+        check the reserve), which the next filter counts."""
+        idle = self.idle_whole_nodes()
+        if idle > self.idle_reserve:
+            return fits
+        kept = []
+        for name in fits:
+            n = self._nodes[name]
+            gpus = len(n.topology.gpus)
+            if (gpus >= RESERVE_GPUS and request.gpus < gpus
+                    and self._group_of_name.get(name) is n.empty):
+                refused[name] = (
+                    f"node {name!r} is one of the last {idle} idle nodes of "
+                    f"{RESERVE_GPUS}+ GPUs, kept for pods that fill one (admission reserve "
+                    f"{self.idle_reserve}; the pod asks {request.gpus} of its {gpus} GPUs)")
+            else:
+                kept.append(name)
+        return kept
 
     def scores(self, request: Request, node_names: Iterable[str], *,
                uid: str | None = None, search: bool = True) -> dict[str, int]:

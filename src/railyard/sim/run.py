@@ -20,8 +20,10 @@ from railyard.sim.policies import BASELINES, Policy
 from railyard.topology.model import NodeTopology
 
 DEFAULT_POLICIES = ("railyard", "random", "numa", "koordinator", "best-fit")
-# Also accepted: the extender's allocator with spread packing, for comparison.
-EXTRA_POLICIES = ("railyard-spread",)
+# Also accepted: the extender's allocator with spread packing, for comparison; and with its
+# admission reserve (`--reserve K`, the extender's --idle-node-reserve).
+EXTRA_POLICIES = ("railyard-spread", "railyard-reserve")
+DEFAULT_RESERVE = 2  # idle whole nodes `railyard-reserve` keeps when --reserve is not given
 HEATMAP_NODES = 12
 # Snapshots taken when the GPUs requested by live pods first reach these shares of the
 # cluster's GPUs (without departures: the GPUs requested so far).
@@ -44,7 +46,8 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int) -> Policy:
+def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int,
+                reserve: int = DEFAULT_RESERVE) -> Policy:
     if name in BASELINES:
         return BASELINES[name](topologies, seed)
     # Imported here: the baselines need nothing from the extender.
@@ -54,6 +57,10 @@ def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int) -> Pol
         return RailyardPolicy(topologies, seed)
     if name == "railyard-spread":
         policy = RailyardPolicy(topologies, seed, packing="spread")
+        policy.name = name
+        return policy
+    if name == "railyard-reserve":
+        policy = RailyardPolicy(topologies, seed, idle_reserve=reserve)
         policy.name = name
         return policy
     raise PolicyError(f"unknown policy {name!r}")
@@ -153,7 +160,8 @@ def _place_gang(policy: Policy, resources: NodeResources,
 def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
              policies: Sequence[str], seed: int,
              progress: Callable[[str], None] | None = None,
-             observer: Observer | None = None, bounds: bool = True) -> SimResult:
+             observer: Observer | None = None, bounds: bool = True,
+             reserve: int = DEFAULT_RESERVE) -> SimResult:
     """Place `arrivals` with each policy in turn, releasing each pod at its `depart_s`;
     `progress(policy)` is called per arrival.
 
@@ -170,7 +178,7 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
     results: dict[str, PolicyResult] = {}
     events = timeline(arrivals)
     for name in policies:
-        policy = make_policy(name, topologies, seed)
+        policy = make_policy(name, topologies, seed, reserve)
         m = PolicyMetrics(name, cluster_gpus)
         resources = NodeResources(topologies)
         clock = time.perf_counter
