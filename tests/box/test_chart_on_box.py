@@ -2,8 +2,7 @@
 the plain manifests, then its RBAC applied for real and asked, with `kubectl auth can-i` as
 each component's ServiceAccount, for every call the component makes and a sample of calls it
 must not make; then the agent and the extender as processes with those ServiceAccounts' tokens
-doing their work. No chart pod runs: no registry is reachable here for the image
-(docs/install.md)."""
+doing their work. The chart's pods themselves run in test_chart_pods_box.py (decision 0092)."""
 
 from __future__ import annotations
 
@@ -107,8 +106,9 @@ def test_the_examples_pass_a_server_dry_run(chart_box):
 
 
 def test_helm_install_then_uninstall_leaves_only_the_crd_and_the_namespace(chart_box, tmp_path):
-    """A real release (no pod started: no image here), then `helm uninstall`: what remains is
-    what docs/install.md says, the CRD (helm never deletes crds/) and the namespace."""
+    """A real release (no pod started: no replica, no node selected), then `helm uninstall`:
+    what remains is what docs/install.md says, the CRD (helm never deletes crds/) and the
+    namespace. test_chart_pods_box.py does it with the pods running."""
     release, ns = "ry-test", "ry-test"
     config = chart_box.layout.admin_kubeconfig
     helm(tmp_path, "install", release, str(CHART), "--namespace", ns, "--create-namespace",

@@ -22,6 +22,7 @@ from railyard.agent.config import config_from_dict
 from railyard.cli.main import app
 from support.box import kubebox
 from support.chart import CHART, MANIFESTS, NAMESPACE, REPO, documents, helm, helm_binary, helm_env
+from support.chart_box import railyard_image
 
 
 def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict[str, Any]:
@@ -374,7 +375,11 @@ def test_samples_live_outside_templates_and_parse():
 
 def test_dockerfile_installs_the_wheel_without_the_simulator_extra():
     text = (REPO / "Dockerfile").read_text()
-    assert "FROM python:3.11-slim" in text and "[sim]" not in text and "[test]" not in text
+    assert "[sim]" not in text and "[test]" not in text
+    # The image hack/build-image makes for the box (decision 0092): same Debian, same venv.
+    assert f"FROM debian:{railyard_image.SUITE}-slim" in text
+    assert f"python3 -m venv {railyard_image.VENV}" in text
+    assert f'ENTRYPOINT ["{railyard_image.VENV}/bin/railyard"]' in text
 
 
 def test_deploy_manifests_are_the_charts_rendering(tmp_path: Path):

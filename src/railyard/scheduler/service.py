@@ -318,7 +318,14 @@ class Extender:
                 return _json({"Error": str(e)})
             error = await self.bind_pod(args)
             self._log_bind(args, error)
-            return _json({"Error": error})
+            response = _json({"Error": error})
+            if error and self.leader is not None and not self.leader.is_leader():
+                # Behind the chart's Service, kube-proxy balances connections, not requests:
+                # kube-scheduler's kept-alive connection would bring every retry back to this
+                # follower. Closed, the retry dials again and may reach the leader (decision
+                # 0074; seen with the chart's two replicas on the box, decision 0092).
+                response.force_close()
+            return response
         finally:
             self.metrics.latency["bind"].observe(time.perf_counter() - t0)
 
