@@ -188,31 +188,39 @@ def test_fits_answers_a_required_sequence_without_the_full_decision():
 
 
 @st.composite
-def plain_required(draw, t: NodeTopology) -> Request:
-    """The kind `fits_by_counts` answers: one VF per GPU or more, nothing else asked."""
-    gpus = draw(st.integers(1, min(3, len(t.gpus))))
-    return Request(gpus=gpus, vfs=draw(st.integers(gpus, gpus + 2)),
+def plainest(draw, t: NodeTopology) -> Request:
+    """The kind `fits_by_counts` answers: one VF per GPU or more (or no GPU), nothing else
+    asked; any rail policy (only `required` narrows what fits)."""
+    gpus = draw(st.integers(0, min(3, len(t.gpus))))
+    return Request(gpus=gpus, vfs=draw(st.integers(max(gpus, 1), gpus + 2)),
                    numa=draw(st.sampled_from(["preferred", "none"])),
-                   rails=tuple(draw(st.lists(RAIL, min_size=1, max_size=4))),
-                   rail_policy="required")
+                   rails=tuple(draw(st.lists(RAIL, min_size=0, max_size=4))),
+                   rail_policy=draw(st.sampled_from(["required", "required", "preferred"])),
+                   vf_bandwidth=draw(st.sampled_from([0, 0, 0, 50])))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_counting_answers_the_plainest_required_sequences_as_brute_force_does(data):
+def test_counting_answers_the_plainest_requests_as_brute_force_does(data):
     """`feasible`'s counting path (no search) against brute force, for the one kind of
     request it answers; and it answers that kind (not None), so the path is exercised."""
     t = data.draw(railed_topologies())
     ledger = data.draw(ledgers(t))
-    r = data.draw(plain_required(t))
+    r = data.draw(plainest(t))
     alloc = Allocator()
     shape = alloc.shape(t)
     free = free_state(shape, ledger, ledger.signature())
-    spec = Spec.of(r)
-    counted = fits_by_counts(shape, free, spec)
-    if not spec.rails:  # a sequence of only "any" rails is no sequence
-        assert counted is None
-        return
+    counted = fits_by_counts(shape, free, Spec.of(r))
     assert counted is not None
     assert counted == (brute_force(t, ledger, r) is not None)
     assert counted == isinstance(alloc.allocate(t, ledger, r), Allocation)
+
+
+def test_counting_leaves_every_other_kind_to_the_search():
+    t = build_topology(DGX_H100, 2)
+    shape = Allocator().shape(t)
+    free = free_state(shape, Ledger(t), Ledger(t).signature())
+    for r in (Request(gpus=2, vfs=2, max_distance=Distance.PXB), Request(gpus=2, vfs=2, pfs=1),
+              Request(gpus=2, vfs=2, numa="single"), Request(gpus=2, vfs=2, exclusive_cpus=4),
+              Request(gpus=4, vfs=2), Request(gpus=2), Request(gpus=2, vfs=2, pairing_hint="none")):
+        assert fits_by_counts(shape, free, Spec.of(r)) is None, r

@@ -105,12 +105,13 @@ def test_the_simulators_shapes_stay_far_below_the_budget_on_every_profile():
 def test_an_explanation_that_spends_the_rest_of_the_budget_still_says_no():
     """The search proves that nothing fits; saying which limit failed takes more searches,
     from the same budget. With it gone the reason is plainer, never wrong, and the node is
-    not called unresolvable (which would rule out preemption) on a guess."""
+    not called unresolvable (which would rule out preemption) on a guess. (Exclusive CPUs
+    keep the relaxed requests from being answered by counting, which costs no budget.)"""
     t = dgx_h100()
     pf = t.nics[0]  # the only PF within PIX of GPU 0000:1b:00.0, all its VFs held
     ledger = Ledger(t, [("other", Allocation("n1", (), None, (), nics=tuple(
         NicRef.of_vf(pf, v) for v in pf.vfs)))])
-    request = Request(gpus=8, vfs=8, max_distance=Distance.PIX)
+    request = Request(gpus=8, vfs=8, max_distance=Distance.PIX, exclusive_cpus=2)
     exact = Allocator(search_budget=None).allocate(t, ledger, request)
     assert isinstance(exact, Infeasible) and not exact.unresolvable
     assert exact.reason.startswith("maxDistance PIX: 8 GPUs need a free NIC within PIX but "

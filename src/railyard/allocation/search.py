@@ -1107,13 +1107,13 @@ def feasible(shape: NodeShape, free: FreeState, request: Request,
 
 
 def fits_by_counts(shape: NodeShape, free: FreeState, spec: Spec) -> bool | None:
-    """Whether a request with a required rail sequence fits, by counting, for the plainest
-    kind: one VF per GPU or more, no whole PF, no CPUs or memory, no distance limit, no
-    `numa: single`. There any GPU may pair with any VF, so it fits exactly when there are
-    GPUs enough, VFs enough, and on each rail as many free VFs as pairs want it. None for
-    every other kind (the search answers): what keeps the extender's filter cheap for a
-    job's later pods (docs/rails.md, "Cost")."""
-    if not (spec.rails_required and spec.pairs == spec.gpus and spec.hi == 1
+    """Whether a request fits, by counting, for the plainest kind: one VF per GPU or more
+    (or no GPU), no whole PF, no CPUs or memory, no distance limit, no `numa: single`.
+    There any GPU may pair with any VF, so it fits exactly when there are GPUs enough, VFs
+    enough, and — under a required rail sequence — on each rail as many free VFs as pairs
+    want it. None for every other kind (the search answers): what keeps the extender's
+    filter cheap for a job's later pods (docs/rails.md, "Cost")."""
+    if not (spec.pairs == spec.gpus and spec.hi <= 1
             and spec.pfs == 0 and not spec.others and spec.cpus == 0 and spec.memory == 0
             and spec.max_distance >= Distance.SYS and spec.numa != "single"):
         return None
@@ -1124,6 +1124,8 @@ def fits_by_counts(shape: NodeShape, free: FreeState, spec: Spec) -> bool | None
         vfs = free.for_pool(index.get(spec.pool)).capped(spec.share).vfs
     if free.gpus.bit_count() < spec.gpus or sum(vfs) < spec.vfs:
         return False
+    if not spec.rails_required:
+        return True
     wanted: dict[int, int] = {}
     for rail in spec.rails:
         if rail >= 0:
