@@ -122,6 +122,12 @@ def scheduler(
         help="The admission reserve: while at most K nodes of 8 or more GPUs are idle, a pod "
              "that would not fill one may not open one (0: off). Trades GPU allocation for "
              "room for the largest pods (docs/scheduler.md, docs/simulator.md).")] = 0,
+    koordinator_annotation: Annotated[bool, typer.Option(
+        "--koordinator-annotation",
+        help="On the API: every bind also writes Koordinator's "
+             "scheduling.koordinator.sh/device-allocated annotation (the same devices, no "
+             "pairing) for koordlet on a cluster running both (docs/decisions/0095).")
+    ] = False,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
@@ -167,12 +173,16 @@ def scheduler(
                                       leader_elect_lease_duration, leader_elect_renew_deadline,
                                       leader_elect_retry_period)
         _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
-                   tls, names, _signing_key(signing_key_file), idle_node_reserve)
+                   tls, names, _signing_key(signing_key_file), idle_node_reserve,
+                   koordinator_annotation)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
     if signing_key_file is not None:
         fail("--signing-key-file needs the API (with --cluster-file every record is trusted)")
+    if koordinator_annotation:
+        fail("--koordinator-annotation needs the API (with --cluster-file binds go to "
+             "--state-file, not to pods)")
     token = None
     if admin_token_file is not None:
         try:
@@ -289,7 +299,8 @@ async def _serve(extender: Extender, host: str, port: int, source: str,
 def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_cache: int,
                qps: float, burst: int, election: LeaderElection | None,
                tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES,
-               signing_key: Ed25519PrivateKey | None = None, idle_reserve: int = 0) -> None:
+               signing_key: Ed25519PrivateKey | None = None, idle_reserve: int = 0,
+               koordinator: bool = False) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -329,7 +340,7 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                     "%s %s the lease %s", identity, "holds" if leads else "does not hold",
                     lease)
             cluster = ApiCluster(c, state, elector.is_leader if elector else None,
-                                 signing_key)
+                                 signing_key, koordinator)
             await cluster.start()
             # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,

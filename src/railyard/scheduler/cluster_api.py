@@ -20,13 +20,14 @@ import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from railyard.allocation.jobs import job_of
-from railyard.allocation.names import ALLOCATION_ANNOTATION
+from railyard.allocation.names import ALLOCATION_ANNOTATION, KOORDINATOR_DEVICE_ALLOCATED
 from railyard.allocation.types import Allocation
 from railyard.kube.client import Client
 from railyard.kube.events import EventSender, event_body, event_time
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
 from railyard.records.allocation import RecordError, decode_allocation, encode_allocation
+from railyard.records.koordinator import encode_device_allocated
 from railyard.records.nodetopology_cr import (
     API_VERSION,
     PLURAL,
@@ -335,9 +336,13 @@ class PodBinder:
 
     def __init__(self, client: Client, sync: ClusterSync,
                  fence: Callable[[], bool] | None = None,
-                 signing_key: Ed25519PrivateKey | None = None) -> None:
+                 signing_key: Ed25519PrivateKey | None = None,
+                 koordinator: bool = False) -> None:
         self.client, self.sync = client, sync
         self.signing_key = signing_key  # signs each record for its pod (decision 0087)
+        # Also write Koordinator's device-allocated annotation (decision 0095): off unless
+        # --koordinator-annotation, for mixed clusters whose koordlet hooks read it.
+        self.koordinator = koordinator
         # Leader election's fence (decision 0074): checked right before the write, so a
         # leader that could not renew writes nothing more.
         self.fence = fence
@@ -356,6 +361,10 @@ class PodBinder:
             if self.signing_key is not None:
                 text = sign_record(text, pod.uid, self.signing_key)
             metadata["annotations"] = {ALLOCATION_ANNOTATION: text}
+            if self.koordinator:
+                koordinator = self._device_allocated(pod.allocation)
+                if koordinator is not None:
+                    metadata["annotations"][KOORDINATOR_DEVICE_ALLOCATED] = koordinator
         self.sync.recording.add(pod.uid)
         try:
             await self.client.create(
@@ -373,6 +382,16 @@ class PodBinder:
             fallback = fallback_text(pod.allocation)
             if fallback is not None:
                 self._event(pod, AFFINITY_FALLBACK, fallback)
+
+    def _device_allocated(self, alloc: Allocation) -> str | None:
+        """Koordinator's form of `alloc`, from the node's topology as the state holds it; None
+        (and a warning) if it cannot be encoded: our record is the decision, Koordinator's is
+        a copy for its hooks, so a copy that cannot be made never stops a bind."""
+        try:
+            return encode_device_allocated(alloc, self.sync.state.topology(alloc.node))
+        except (KeyError, RecordError) as e:
+            log.warning("%s: no %s written: %s", alloc.node, KOORDINATOR_DEVICE_ALLOCATED, e)
+            return None
 
     def _event(self, pod: BoundPod, reason: str, message: str) -> None:
         """An Event on the pod, written off the bind's path: losing one loses no record."""
@@ -408,7 +427,8 @@ class ApiCluster:
 
     def __init__(self, client: Client, state: ClusterState,
                  fence: Callable[[], bool] | None = None,
-                 signing_key: Ed25519PrivateKey | None = None) -> None:
+                 signing_key: Ed25519PrivateKey | None = None,
+                 koordinator: bool = False) -> None:
         self.client = client
         self.sync = ClusterSync(state)
         if signing_key is not None:
@@ -416,7 +436,7 @@ class ApiCluster:
         self.topologies: Reflector[TopologyObject] = Reflector(
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
         self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
-        self.binder = PodBinder(client, self.sync, fence, signing_key)
+        self.binder = PodBinder(client, self.sync, fence, signing_key, koordinator)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout_s: float = 120.0) -> None:
