@@ -33,6 +33,7 @@ from railyard.cni.metrics import CniMetrics
 from railyard.cni.spec import PodArgs
 from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.events import NORMAL, WARNING, EventSender, event_body, event_time
+from railyard.kube.koordinator_device import DevicePublished, publish_device
 from railyard.kube.nodetopology import path_of, publish
 from railyard.kube.objects import NodeTopologyObject, Object
 from railyard.kube.resourceslices import node_slices
@@ -76,6 +77,7 @@ from railyard.node.files import write_atomic
 from railyard.node.pairfiles import PairFiles
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
 from railyard.node.state import PodRecord, StateStore
+from railyard.records.koordinator_device import MANAGED_BY, MANAGED_BY_LABEL
 from railyard.records.nodetopology_cr import (
     NodeTopologyResourceError,
     NodeTopologyStatus,
@@ -168,6 +170,8 @@ class Agent:
                                                options.signing_key)
                            if kube is not None else None)
         self.published: NodeTopologyStatus | None = None  # the status the API server has
+        # The unhealthy set the Koordinator Device last written reports (decision 0095).
+        self._device_published: frozenset[str] | None = None
         self._found: NodeTopologyStatus | None = None  # what it held when we started
         self._report = asyncio.Event()  # something the status counts may have changed
         # Events on the Node for health changes (cluster mode only), from the first
@@ -687,7 +691,7 @@ class Agent:
             self._found = await self._status_found()
         status = self.node_status()
         if status == self.published:
-            return True
+            return await self.publish_koordinator_device()
         try:
             key = self.options.signing_key
             outcome = await publish(self.kube, self.topology, status, {} if key is None else
@@ -699,6 +703,28 @@ class Agent:
         log.info("NodeTopology %s %s: GPUs %s, NICs %s, VFs %s free, %s",
                  self.options.node_name, outcome.value, status.gpus.summary,
                  status.nics.summary, status.vfs.summary, status.health)
+        return await self.publish_koordinator_device()
+
+    async def publish_koordinator_device(self) -> bool:
+        """Koordinator's Device CR of this node, when `koordinator.publishDevices` is on
+        (decision 0095): written again only when the health it reports changed; False when the
+        API server could not be written."""
+        if self.kube is None or not self.config.koordinator.publish_devices:
+            return True
+        unhealthy = frozenset(self.unhealthy)
+        if unhealthy == self._device_published:
+            return True
+        try:
+            outcome = await publish_device(self.kube, self.topology, unhealthy)
+        except (ApiError, ApiUnavailable) as e:
+            log.warning("Koordinator Device %s not published: %s", self.options.node_name, e)
+            return False
+        self._device_published = unhealthy
+        if outcome is DevicePublished.FOREIGN:
+            log.warning("Koordinator Device %s exists without the %s=%s label: %s",
+                        self.options.node_name, MANAGED_BY_LABEL, MANAGED_BY, outcome.value)
+        else:
+            log.info("Koordinator Device %s %s", self.options.node_name, outcome.value)
         return True
 
     async def _publish_loop(self) -> None:

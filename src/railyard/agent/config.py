@@ -20,6 +20,9 @@ Example (JSON or YAML):
     pairMap: {ncclGpuNicAffinity: false, podIfname: net1, podIfnameScheme: sequential}
     # docs/pair-map.md; podIfnameScheme: gpu-index when the CNI config says so (docs/cni.md)
     rails: {"0000:18:00.0": 0, ibp64s0: 1}   # or: rails: pci-order (docs/rails.md)
+    # Koordinator interop, each off unless set (docs/decisions/0095): publish the node's
+    # Device CR; believe Koordinator's device-allocated on a pod without a Railyard record.
+    koordinator: {publishDevices: true, honourDeviceAllocated: true}
 """
 
 from __future__ import annotations
@@ -66,6 +69,16 @@ class VfPool:
 
 
 @dataclass(frozen=True, slots=True)
+class KoordinatorOptions:
+    """Koordinator interop on the node (decision 0095); both off by default."""
+
+    publish_devices: bool = False  # write the node's `Device` CR from discovery
+    # Believe `scheduling.koordinator.sh/device-allocated` on a pod that has no Railyard
+    # record, only while the agent trusts all records (no signature keys).
+    honour_device_allocated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class AgentConfig:
     resources: ResourceNames = DEFAULT_RESOURCES
     gpu_plugin: bool = True
@@ -84,6 +97,7 @@ class AgentConfig:
     # Each NIC's fabric rail (docs/rails.md): a map from PF PCI address, netdev or RDMA
     # device to rail, or the `pci-order` scheme; None: rails not known.
     rails: Mapping[str, int] | RailScheme | None = None
+    koordinator: KoordinatorOptions = KoordinatorOptions()
 
     @property
     def pools(self) -> tuple[VfPool, ...]:
@@ -196,7 +210,7 @@ def config_from_dict(d: Any) -> AgentConfig:
     f = Fields(d, "", ConfigError)
     f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "vfPools",
             "devinfoDir", "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap",
-            "rails"))
+            "rails", "koordinator"))
     res = f.object("resources", optional=True)
     res.only(("gpu", "vf", "pf"))
     names = {}
@@ -242,7 +256,15 @@ def config_from_dict(d: Any) -> AgentConfig:
         verify_delay_s=_seconds(f, "verifyDelayS", 1.0),
         pair_map=_pair_map(f.object("pairMap", optional=True)),
         rails=parse_rails(f),
+        koordinator=_koordinator(f.object("koordinator", optional=True)),
     )
+
+
+def _koordinator(f: Fields) -> KoordinatorOptions:
+    f.only(("publishDevices", "honourDeviceAllocated"))
+    return KoordinatorOptions(
+        publish_devices=f.boolean("publishDevices", False),
+        honour_device_allocated=f.boolean("honourDeviceAllocated", False))
 
 
 def parse_rails(f: Fields, key: str = "rails") -> Mapping[str, int] | RailScheme | None:
