@@ -231,8 +231,16 @@ def check_against_brute_force(data, make_request, min_gpus: int = 1,
     r = data.draw(make_request(t))
     alloc = Allocator(search_budget=SEARCH_BUDGET)  # the default: large enough for these
     result = alloc.allocate(t, ledger, r)
-    assert not spent(result), result
     assert alloc.explored < SEARCH_BUDGET // 100  # nowhere near it
+    check_exact(t, ledger, r, result)
+
+
+def check_exact(t: NodeTopology, ledger: Ledger, r: Request,
+                result: Allocation | Infeasible) -> None:
+    """`result` is brute force's answer exactly: its key (and a valid allocation, which is
+    then added to `ledger`), or a refusal that is unresolvable exactly when the empty node
+    refuses too; never a spent budget."""
+    assert not spent(result), result
     best = brute_force(t, ledger, r)
     if best is None:
         assert isinstance(result, Infeasible)
