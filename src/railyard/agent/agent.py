@@ -226,6 +226,25 @@ class Agent:
             log.warning("rails: no NIC on this node is named %s", ", ".join(unknown))
         return railed
 
+    def _honour_koordinator(self) -> None:
+        """`koordinator.honourDeviceAllocated` (decision 0095): Koordinator's records become
+        pod records, in cluster mode and only while every record is trusted (its records
+        carry no signature: a node that checks signatures never believes one)."""
+        if not self.config.koordinator.honour_device_allocated:
+            return
+        if self._api_pods is None:
+            log.warning("koordinator.honourDeviceAllocated: only in cluster mode (the chart's "
+                        "admission policy guards the annotation there); ignored")
+            return
+        if self.options.record_trust().enforced:
+            log.warning("koordinator.honourDeviceAllocated: ignored, this agent believes only "
+                        "signed records and Koordinator's device-allocated is never signed")
+            return
+        from railyard.kubelet.koordinator import KoordinatorRecords
+
+        self._api_pods.adopt_records(KoordinatorRecords(self.topology))
+        log.info("honouring Koordinator's device-allocated on pods without a Railyard record")
+
     def _inventory(self, facts: dict[str, DeviceFacts]) -> dict[Kind, tuple[PluginDevice, ...]]:
         cfg = self.config
         routed = self.probe.routed_netdevs()
@@ -244,6 +263,7 @@ class Agent:
         facts = self.probe.facts(self._topology)
         self._topology = self._pooled(self._topology, facts)
         self._topology = self._railed(self._topology)
+        self._honour_koordinator()
         for kind, devices in self._inventory(facts).items():
             self.lists[kind] = DeviceList(devices)
         self.admission = Admission(self.topology, self.store, self.pods, names,

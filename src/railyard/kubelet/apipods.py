@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -85,6 +85,8 @@ class ApiPods:
         self._task: asyncio.Task[None] | None = None
         self._look_up: asyncio.Task[bool] | None = None
         self.look_ups = 0  # direct reads made for pods the watch had not delivered
+        # Applied to each view once set (`adopt_records`): Koordinator's records (0095).
+        self.adopt: Callable[[PodView], PodView] | None = None
 
     @property
     def loaded(self) -> bool:
@@ -149,6 +151,13 @@ class ApiPods:
                      self.node, new)
         return bool(new)
 
+    def adopt_records(self, adopt: Callable[[PodView], PodView]) -> None:
+        """Pass every view, those known now and those to come, through `adopt` (set once the
+        node is discovered: the pods are listed before, decision 0095)."""
+        self.adopt = adopt
+        self._views = {key: adopt(view) for key, view in self._views.items()}
+        self._publish()
+
     # ------------------------------------------------------------------ changes
 
     def _on_change(self, change: Change[NodePod]) -> None:
@@ -167,7 +176,7 @@ class ApiPods:
             return 0
         for problem in view.problems:
             log.warning("pod %s: %s", view, problem)
-        self._views[key] = view
+        self._views[key] = view if self.adopt is None else self.adopt(view)
         return 1
 
     def _publish(self) -> None:

@@ -53,6 +53,13 @@ vfPools:
 {{- end }}
 devinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/dp
 cniDevinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/cni
+{{- with .Values.koordinator }}
+{{- if or .publishDevices .honourDeviceAllocated }}
+koordinator:
+  publishDevices: {{ .publishDevices }}
+  honourDeviceAllocated: {{ .honourDeviceAllocated }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The VF pools besides the default one, by resource name, one a line (docs/decisions/0085):
