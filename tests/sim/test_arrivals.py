@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from railyard.sim.arrivals import DemandRule, draw_arrivals
+from railyard.sim.sharing import gpu_milli_of
 from railyard.sim.trace import Trace, TracePod, load_trace, parse_trace
 from railyard.topology.model import Distance
 
@@ -19,10 +20,12 @@ def small_trace() -> Trace:
 
 
 def test_drawing_stops_once_requested_gpus_reach_130_percent():
+    # Counted in milli-GPUs: the 300-milli share counts 0.3 of a GPU (decision 0094).
     arrivals = draw_arrivals(small_trace(), 100, seed=1)
-    requested = sum(a.request.gpus for a in arrivals)
-    assert requested >= 130
-    assert requested - arrivals[-1].request.gpus < 130  # the last pod crossed the line
+    requested = sum(gpu_milli_of(a.pod) for a in arrivals)
+    assert any(a.pod.gpu_milli == 300 for a in arrivals)
+    assert requested >= 130_000
+    assert requested - gpu_milli_of(arrivals[-1].pod) < 130_000  # the last pod crossed it
 
 
 def test_cpu_only_pods_never_arrive():

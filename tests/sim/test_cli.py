@@ -39,11 +39,11 @@ def test_simulate_writes_metrics_charts_and_a_self_contained_report(tmp_path):
     assert "CC BY 4.0" in page
 
 
-def test_table_lists_each_policy_and_the_no_sharing_footnote(tmp_path):
-    result = run(*SMALL, "--policies", "random,best-fit", "--output", str(tmp_path))
+def test_table_lists_each_policy_and_the_shared_gpus_footnote(tmp_path):
+    result = run(*SMALL, "--policies", "random,best-fit,fgd", "--output", str(tmp_path))
     assert result.exit_code == 0, result.output
-    assert "random" in result.output and "best-fit" in result.output
-    assert "fraction of a GPU" in " ".join(result.output.split())
+    assert all(p in result.output for p in ("random", "best-fit", "fgd"))
+    assert "share of one GPU shares it" in " ".join(result.output.split())
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path):
@@ -131,5 +131,5 @@ def test_seed_reproduces_every_number_across_processes():
         return json.loads(done.stdout)
 
     first = once("1")
-    assert set(first) == {"railyard", "random", "numa", "koordinator", "best-fit"}
+    assert set(first) == {"railyard", "random", "numa", "koordinator", "best-fit", "fgd"}
     assert first == once("2")

@@ -19,6 +19,7 @@ from railyard.sim.arrivals import (
     trace_arrivals,
 )
 from railyard.sim.run import DEFAULT_POLICIES, make_policy, simulate
+from railyard.sim.sharing import gpu_milli_of
 from railyard.sim.trace import Trace, TraceError, TracePod, load_trace, parse_trace
 
 CLUSTER = "dgx-h100:1,hgx-h100-4nic:1"
@@ -108,14 +109,14 @@ def test_trace_arrivals_compress_creation_times_until_live_demand_reaches_the_cl
     replay, factor = trace_arrivals(trace, 64, seed=3)
     assert [a.uid for a in replay] == [a.uid for a in drawn]  # the same pods, same order
     assert factor > 1  # openb's pods are short-lived: as they are, the cluster stays empty
-    peak = live_peak([a.arrive_s for a in replay], [a.depart_s for a in replay],
-                     [a.request.gpus for a in replay])
-    assert peak >= 64
+    milli = [gpu_milli_of(a.pod) for a in replay]  # shares count their milli (0094)
+    peak = live_peak([a.arrive_s for a in replay], [a.depart_s for a in replay], milli)
+    assert peak >= 64_000
     # The least such factor (within the search's precision): a little less falls short.
     slower = [a.arrive_s / 0.98 for a in replay]  # creation times divided by 0.98 × factor
     departs = [None if a.depart_s is None else s + (a.depart_s - a.arrive_s)
                for s, a in zip(slower, replay, strict=True)]
-    assert live_peak(slower, departs, [a.request.gpus for a in replay]) < 64
+    assert live_peak(slower, departs, milli) < 64_000
     for a in replay:
         assert a.depart_s is not None and a.depart_s >= a.arrive_s
         assert a.depart_s - a.arrive_s == pytest.approx(a.pod.deletion_time - a.pod.creation_time)

@@ -17,7 +17,7 @@ from railyard.sim.gangs import GANG_GPUS, GANG_PODS, add_gangs, gangs_of
 from railyard.sim.run import simulate
 from railyard.sim.trace import load_trace
 
-POLICIES = ["railyard", "random", "numa", "koordinator", "best-fit"]
+POLICIES = ["railyard", "random", "numa", "koordinator", "best-fit", "fgd"]
 
 
 def arrivals(cluster: str, jobs: int, seed: int = 3):

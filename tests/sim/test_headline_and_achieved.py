@@ -18,7 +18,7 @@ from railyard.sim.run import PolicyResult, SimResult, simulate
 from railyard.sim.trace import load_trace
 from railyard.topology.model import Distance
 
-POLICIES = ["railyard", "random", "numa", "koordinator", "best-fit"]
+POLICIES = ["railyard", "random", "numa", "koordinator", "best-fit", "fgd"]
 
 
 def _result(**by_policy: PolicyMetrics) -> SimResult:

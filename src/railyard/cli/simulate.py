@@ -46,8 +46,8 @@ def simulate(
     ] = "openb-default",
     policies: Annotated[str, typer.Option(
         "--policies", metavar="LIST",
-        help="Comma list of railyard, random, numa, koordinator, best-fit (and "
-             "railyard-spread).")] = "railyard,random,numa,koordinator,best-fit",
+        help="Comma list of railyard, random, numa, koordinator, best-fit, fgd (and "
+             "railyard-spread).")] = "railyard,random,numa,koordinator,best-fit,fgd",
     seed: Annotated[int, typer.Option("--seed", help="Seeds every random choice.")] = 0,
     output: Annotated[Path, typer.Option(
         "--output", metavar="DIR",

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from railyard.allocation.request import Request
+from railyard.sim.sharing import MILLI_PER_GPU, gpu_milli_of
 from railyard.sim.trace import Trace, TracePod
 from railyard.topology.model import Distance
 
@@ -88,7 +89,8 @@ class Arrival:
 
 def draw_arrivals(trace: Trace, cluster_gpus: int, seed: int,
                   rule: DemandRule = DemandRule(), load: float = DEFAULT_LOAD) -> list[Arrival]:
-    """Pods drawn with replacement until they request `load` × `cluster_gpus` GPUs.
+    """Pods drawn with replacement until they request `load` × `cluster_gpus` GPUs (a share
+    of one GPU counts its milli/1000, as the FGD paper counts GPU requests).
 
     When the trace has creation times the drawn pods arrive in trace order (ties by row);
     otherwise in draw order. The VF draw for one-GPU pods uses its own stream, so changing
@@ -100,13 +102,13 @@ def draw_arrivals(trace: Trace, cluster_gpus: int, seed: int,
         raise ValueError(f"load must be positive, got {load}")
     pool = [(i, p) for i, p in enumerate(trace.pods) if p.wants_devices]
     pick = random.Random(f"railyard-sim/{seed}/draw")
-    target = load * cluster_gpus
+    target = load * cluster_gpus * MILLI_PER_GPU
     drawn: list[tuple[int, TracePod]] = []
     requested = 0
     while requested < target:
         row, pod = pool[pick.randrange(len(pool))]
         drawn.append((row, pod))
-        requested += pod.gpus
+        requested += gpu_milli_of(pod)
     if trace.has_times:
         drawn.sort(key=lambda rp: (rp[1].creation_time or 0, rp[0]))
     vf_draw = random.Random(f"railyard-sim/{seed}/vf")
@@ -146,8 +148,8 @@ def trace_arrivals(trace: Trace, cluster_gpus: int, seed: int,
     starts = [float((a.pod.creation_time or 0) - t0) for a in drawn]
     lives = [None if a.pod.deletion_time is None
              else float(a.pod.deletion_time - (a.pod.creation_time or 0)) for a in drawn]
-    gpus = [a.request.gpus for a in drawn]
-    target = peak * cluster_gpus
+    gpus = [gpu_milli_of(a.pod) for a in drawn]  # milli-GPUs, shares as asked
+    target = peak * cluster_gpus * MILLI_PER_GPU
 
     def peak_at(factor: float) -> int:
         arrive = [s / factor for s in starts]

@@ -28,6 +28,7 @@ from typing import Any
 from railyard.sim.arrivals import Arrival, timeline
 from railyard.sim.capacity import NodeCapacity
 from railyard.sim.policies import offered_vfs
+from railyard.sim.sharing import MILLI_PER_GPU, gpu_milli_of
 from railyard.topology.model import GDR_LIMIT, NodeTopology
 
 SOLVER_TIME_LIMIT_S = 20.0
@@ -59,7 +60,8 @@ class NodeGroup:
     gdr_pairs: int  # the most GPUs that can each have their own such VF at once
 
     def capacity(self) -> tuple[int, int, int, int]:
-        return self.gpus, self.vfs, self.cpu_milli, self.memory_mib
+        """GPUs in milli-GPUs (shares of one GPU pool with the rest: a relaxation)."""
+        return MILLI_PER_GPU * self.gpus, self.vfs, self.cpu_milli, self.memory_mib
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class Bound:
     """One metric's bound: its value (None when not computed) and how it was had."""
 
     value: float | None
-    count: int | None  # the bound as a count (GPUs, pods) before dividing
+    count: int | float | None  # the bound as a count (GPUs, pods) before dividing
     method: str  # "milp" (proved optimal), "milp-dual-bound", "lp", or "none"
     note: str = ""
     details: dict[str, Any] = field(default_factory=dict)
@@ -136,7 +138,11 @@ def _max_matching(near: dict[str, list[str]], capacity: dict[str, int]) -> int:
 
 
 def _needs(a: Arrival) -> tuple[int, int, int, int]:
-    return a.request.gpus, a.request.vfs, a.pod.cpu_milli, a.pod.memory_mib
+    return gpu_milli_of(a.pod), a.request.vfs, a.pod.cpu_milli, a.pod.memory_mib
+
+
+def gpu_milli_of_arrival(a: Arrival) -> int:
+    return gpu_milli_of(a.pod)
 
 
 def _fits(a: Arrival, g: NodeGroup) -> bool:
@@ -158,11 +164,11 @@ def full_demand_moment(arrivals: Sequence[Arrival], cluster_gpus: int) -> tuple[
     for departs, a in timeline(arrivals):
         if departs:
             live.pop(a.uid, None)
-            requested -= a.request.gpus
+            requested -= gpu_milli_of(a.pod)
             continue
         live[a.uid] = a
-        requested += a.request.gpus
-        if requested >= cluster_gpus:
+        requested += gpu_milli_of(a.pod)
+        if requested >= MILLI_PER_GPU * cluster_gpus:
             return list(live.values()), True
     return list(live.values()), False
 
@@ -192,12 +198,15 @@ def offline_bounds(topologies: Sequence[NodeTopology], arrivals: Sequence[Arriva
     groups = node_groups(topologies)
     cluster_gpus = sum(g.count * g.gpus for g in groups)
     live, reached = full_demand_moment(arrivals, cluster_gpus)
-    gpu = _solve(live, [live], groups, weight=lambda a: a.request.gpus, gdr=False,
+    # In milli-GPUs (a share counts its milli), as gpuAllocationRatio counts them.
+    gpu = _solve(live, [live], groups, weight=gpu_milli_of_arrival, gdr=False,
                  time_limit_s=time_limit_s)
     gpu.details["moment"] = ("when the GPUs requested by live pods first reach the "
                              "cluster's" if reached else "at the end")
     if gpu.count is not None and cluster_gpus:
-        gpu.value = min(gpu.count, cluster_gpus) / cluster_gpus
+        gpu.value = min(gpu.count, MILLI_PER_GPU * cluster_gpus) / (MILLI_PER_GPU * cluster_gpus)
+        whole, rest = divmod(gpu.count, MILLI_PER_GPU)  # as GPUs, a share its milli/1000
+        gpu.count = whole if not rest else gpu.count / MILLI_PER_GPU
     multi = [a for a in arrivals if a.is_multi_gpu]
     if multi:
         gdr = _solve(multi, busiest_moments(multi), groups, weight=lambda a: 1, gdr=True,

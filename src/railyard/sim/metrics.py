@@ -18,6 +18,7 @@ from railyard.allocation.types import Allocation
 from railyard.sim.arrivals import Arrival
 from railyard.sim.judge import JudgedPair, collective_efficiency, gdr_capable, judge
 from railyard.sim.policies import offered_vfs
+from railyard.sim.sharing import MILLI_PER_GPU, gpu_milli_of
 from railyard.topology.model import GDR_LIMIT, Distance, NodeTopology
 
 # Cell codes of the node heatmap: free, held without a NIC, then paired by class.
@@ -32,8 +33,9 @@ class PolicyMetrics:
     cluster_gpus: int
     arrived: int = 0
     placed: int = 0
-    allocated_gpus: int = 0
-    arrived_gpus: int = 0
+    # GPUs in milli-GPUs: a share of one GPU counts its milli (decision 0094).
+    allocated_milli: int = 0
+    arrived_milli: int = 0
     first_failure_ratio: float | None = None
     multi_arrived: int = 0
     multi_placed: int = 0
@@ -57,8 +59,8 @@ class PolicyMetrics:
     shares_held: dict[str, list[tuple[tuple[str, str], int]]] = field(default_factory=dict)
     overcommit_now: int = 0
     overcommit_worst: int = 0
-    live_requested_gpus: int = 0  # GPUs requested by pods arrived and not yet left
-    held_gpus: dict[str, int] = field(default_factory=dict)  # placed, live pod uid -> GPUs
+    live_requested_milli: int = 0  # milli-GPUs requested by pods arrived, not yet left
+    held_milli: dict[str, int] = field(default_factory=dict)  # placed, live pod -> milli
     judged: dict[str, list[JudgedPair]] = field(default_factory=dict)  # uid -> pairs
     failures: Counter = field(default_factory=Counter)  # kind -> count
     end: dict[str, int] = field(default_factory=dict)  # end-of-run NIC and GPU states
@@ -74,16 +76,17 @@ class PolicyMetrics:
         req = arrival.request
         if arrival.job is not None:
             self.job_sizes[arrival.job] += 1
+        milli = gpu_milli_of(arrival.pod)
         self.arrived += 1
-        self.arrived_gpus += req.gpus
-        self.live_requested_gpus += req.gpus
+        self.arrived_milli += milli
+        self.live_requested_milli += milli
         self.latencies_s.append(latency_s)
         multi = arrival.is_multi_gpu
         self.multi_arrived += multi
         if isinstance(result, Allocation) and topology is not None:
             self.placed += 1
-            self.allocated_gpus += req.gpus
-            self.held_gpus[arrival.uid] = req.gpus
+            self.allocated_milli += milli
+            self.held_milli[arrival.uid] = milli
             share = arrival.pod.rdma_percent
             if share:
                 held = [((result.node, v.pf_pci_address), share) for v in result.vfs]
@@ -115,8 +118,8 @@ class PolicyMetrics:
 
     def depart(self, arrival: Arrival) -> None:
         """`arrival` left (placed or not): its GPUs are requested no more, and free again."""
-        self.live_requested_gpus -= arrival.request.gpus
-        self.allocated_gpus -= self.held_gpus.pop(arrival.uid, 0)
+        self.live_requested_milli -= gpu_milli_of(arrival.pod)
+        self.allocated_milli -= self.held_milli.pop(arrival.uid, 0)
         self._shares(self.shares_held.pop(arrival.uid, []), -1)
         self._point()
 
@@ -134,6 +137,16 @@ class PolicyMetrics:
                            self.allocated_gpus / self.cluster_gpus, self.multi_gdr))
 
     @property
+    def allocated_gpus(self) -> float:
+        """GPUs held by live placed pods, a share counting its milli/1000."""
+        return self.allocated_milli / MILLI_PER_GPU
+
+    @property
+    def arrived_gpus(self) -> float:
+        """GPUs requested so far, a share counting its milli/1000."""
+        return self.arrived_milli / MILLI_PER_GPU
+
+    @property
     def arrived_load(self) -> float:
         """GPUs requested so far (cumulatively) / cluster GPUs."""
         return self.arrived_gpus / self.cluster_gpus
@@ -142,7 +155,7 @@ class PolicyMetrics:
     def live_load(self) -> float:
         """GPUs requested by the pods live now (placed or not) / cluster GPUs; equal to
         `arrived_load` while no pod has left."""
-        return self.live_requested_gpus / self.cluster_gpus
+        return self.live_requested_milli / (MILLI_PER_GPU * self.cluster_gpus)
 
     def snapshot(self, key: str, topologies: Sequence[NodeTopology],
                  ledgers: Mapping[str, Ledger]) -> None:
@@ -163,8 +176,8 @@ class PolicyMetrics:
 
     @property
     def gpu_allocation_ratio(self) -> float:
-        """Allocated GPUs / cluster GPUs now."""
-        return self.allocated_gpus / self.cluster_gpus
+        """Allocated GPUs / cluster GPUs now (shares count their milli/1000)."""
+        return self.allocated_milli / (MILLI_PER_GPU * self.cluster_gpus)
 
     @property
     def headline_allocation_ratio(self) -> float:
@@ -207,8 +220,8 @@ class PolicyMetrics:
             "podsFailed": self.arrived - self.placed,
             "failuresByKind": dict(sorted(self.failures.items())),
             "podsFailedOnNodeFilters": self.node_filter_failures,
-            "gpusRequested": self.arrived_gpus,
-            "gpusAllocated": self.allocated_gpus,
+            "gpusRequested": _gpus(self.arrived_milli),
+            "gpusAllocated": _gpus(self.allocated_milli),
             "clusterGpus": self.cluster_gpus,
             "gpuAllocationRatio": round(self.headline_allocation_ratio, 6),
             "gpuAllocationRatioAtEnd": round(self.gpu_allocation_ratio, 6),
@@ -287,6 +300,12 @@ def nic_states(topologies: Sequence[NodeTopology],
                 unaligned_gpus += 1
     return {"freeVfs": free_vfs, "strandedVfs": stranded_vfs, "strandedNics": stranded_nics,
             "freeGpus": free_gpus, "freeGpusWithoutGdrNic": unaligned_gpus}
+
+
+def _gpus(milli: int) -> int | float:
+    """Milli-GPUs as GPUs: whole when they are, else to the milli."""
+    whole, rest = divmod(milli, MILLI_PER_GPU)
+    return whole if not rest else milli / MILLI_PER_GPU
 
 
 def _mean(xs: list[float]) -> float | None:

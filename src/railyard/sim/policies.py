@@ -17,10 +17,15 @@ from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
 from railyard.allocation.shape import port_usable, vf_allocatable
 from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef
+from railyard.sim.sharing import MILLI_PER_GPU, GpuShares
 from railyard.topology.model import Gpu, Nic, NodeTopology, Vf
 
 # A baseline's decision: the node, its GPUs and its VFs (each with its PF).
 Choice = tuple[str, list[Gpu], list[tuple[Nic, Vf]]]
+# A baseline's decision for a share of one GPU: the node, the GPU and its VFs.
+ShareChoice = tuple[str, Gpu, list[tuple[Nic, Vf]]]
+# The ledger stand-in holding a shared GPU whole while it holds shares (`sim.sharing`).
+SHARED_HOLDER = "shared-gpu/"
 # Koordinator's trial on one node: the GPUs, then a VF (with its PF) for each.
 _Plan = tuple[tuple[Gpu, ...], tuple[tuple[Nic, Vf], ...]]
 
@@ -31,11 +36,14 @@ class Policy(Protocol):
     name: str
 
     def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
-              job: str | None = None) -> Allocation | Infeasible:
+              job: str | None = None, gpu_milli: int = MILLI_PER_GPU,
+              cpu_milli: int = 0) -> Allocation | Infeasible:
         """Decide and record a placement for pod `uid` on one of `nodes` (default: every
         node; the simulator passes those kube-scheduler's own filters let through), or say
         why none exists. `job`: the pod's job, when it is a gang's (the baselines, like
-        today's stacks, ignore it)."""
+        today's stacks, ignore it). `gpu_milli` under 1000 with one GPU asked: a share of
+        one GPU (`sim.sharing`), which the returned Allocation names as its GPU.
+        `cpu_milli`: the pod's CPUs (the simulator has checked they fit; FGD reads them)."""
         ...
 
     def release(self, uid: str) -> None:
@@ -111,6 +119,8 @@ class DevicePolicy:
         # fool, as the sizes of the used sets could).
         self.changes: dict[str, int] = dict.fromkeys(self._ledgers, 0)
         self.rng = random.Random(f"railyard-sim/{seed}/policy/{self.name}")
+        self.shares = GpuShares()
+        self._gpu_at = {t.node: {g.pci_address: g for g in t.gpus} for t in self.topologies}
 
     def ledgers(self) -> Mapping[str, Ledger]:
         return self._ledgers
@@ -137,13 +147,31 @@ class DevicePolicy:
         gpus, vfs = self.free_counts(node)
         return gpus >= request.gpus and vfs >= request.vfs
 
+    def share_options(self, node: str, milli: int) -> list[tuple[Gpu, int]]:
+        """The GPUs of `node` a share of `milli` fits on, with the milli each has free:
+        shared GPUs with room (by address), then whole free GPUs (1000)."""
+        at = self._gpu_at[node]
+        shared = [(at[a], MILLI_PER_GPU - used) for a, used in self.shares.used_on(node).items()
+                  if MILLI_PER_GPU - used >= milli]
+        shared.sort(key=lambda o: o[0].pci_address)
+        return [*shared, *((g, MILLI_PER_GPU) for g in self.free_gpus(node))]
+
+    def free_milli(self, node: str) -> int:
+        """The milli-GPUs `node` has free: whole free GPUs, and what shared GPUs have left."""
+        whole, _ = self.free_counts(node)
+        return (MILLI_PER_GPU * whole
+                + sum(MILLI_PER_GPU - u for u in self.shares.used_on(node).values()))
+
     # -- the decision
 
     def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
-              job: str | None = None) -> Allocation | Infeasible:
+              job: str | None = None, gpu_milli: int = MILLI_PER_GPU,
+              cpu_milli: int = 0) -> Allocation | Infeasible:
         if request.pfs or request.exclusive_cpus or request.memory_bytes:
             return Infeasible("the simulator's baselines place GPUs and VFs only")
         offered = [t.node for t in self.topologies] if nodes is None else nodes
+        if request.gpus == 1 and 0 < gpu_milli < MILLI_PER_GPU:
+            return self._place_share(uid, request, offered, gpu_milli)
         fitting = [n for n in offered if self.fits_counts(n, request)]
         if not fitting:
             return Infeasible(f"no node has {request.gpus} free GPU(s) and "
@@ -158,13 +186,51 @@ class DevicePolicy:
         self.changes[node] += 1
         return alloc
 
+    def _place_share(self, uid: str, request: Request, offered: Sequence[str],
+                     milli: int) -> Allocation | Infeasible:
+        fitting = [n for n in offered
+                   if self.free_counts(n)[1] >= request.vfs and self.share_options(n, milli)]
+        if not fitting:
+            return Infeasible(f"no node has {milli} milli of one GPU and {request.vfs} "
+                              "free VF(s)")
+        chosen = self.choose_share(fitting, request, milli)
+        if isinstance(chosen, Infeasible):
+            return chosen
+        node, gpu, vfs = chosen
+        led = self._ledgers[node]
+        if vfs:
+            led.add(uid, make_allocation(node, [], vfs))
+        if self.shares.used(node, gpu.pci_address) == 0:  # opened: held whole meanwhile
+            led.add(SHARED_HOLDER + gpu.pci_address, make_allocation(node, [gpu], []))
+        self.shares.hold(uid, node, gpu.pci_address, milli, SHARED_HOLDER + gpu.pci_address)
+        self._node_of[uid] = node
+        self.changes[node] += 1
+        return make_allocation(node, [gpu], vfs)
+
     def release(self, uid: str) -> None:
         node = self._node_of.pop(uid, None)
-        if node is not None and self._ledgers[node].remove(uid) is not None:
+        if node is None:
+            return
+        changed = self._ledgers[node].remove(uid) is not None
+        freed = self.shares.release(uid)
+        if freed is not None:
+            changed = True
+            if freed[1] is not None:  # the GPU's last share left: free it whole
+                self._ledgers[node].remove(freed[1])
+        if changed:
             self.changes[node] += 1
 
     def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
         raise NotImplementedError
+
+    def choose_share(self, nodes: list[str], request: Request,
+                     milli: int) -> ShareChoice | Infeasible:
+        """A share of one GPU (`nodes` each have a GPU it fits and the VFs): by default a
+        random node, a random GPU it fits, random VFs (kubelet with a sharing device plugin,
+        which hands out any replica)."""
+        node = self.rng.choice(nodes)
+        gpu, _ = self.rng.choice(self.share_options(node, milli))
+        return node, gpu, self.rng.sample(self.free_vfs(node), request.vfs)
 
     def pick_tied(self, scored: list[tuple[float, str]]) -> str:
         """The best-scored node; ties broken at random, as kube-scheduler's selectHost does."""
@@ -204,23 +270,50 @@ class NumaPolicy(DevicePolicy):
                 break
         return node, self.rng.sample(gpus, request.gpus), self.rng.sample(vfs, request.vfs)
 
+    def choose_share(self, nodes: list[str], request: Request,
+                     milli: int) -> ShareChoice | Infeasible:
+        """The same for a share: the lowest NUMA node with a GPU the share fits and the VFs,
+        the GPU and VFs at random within it; otherwise at random."""
+        node = self.rng.choice(nodes)
+        options, vfs = self.share_options(node, milli), self.free_vfs(node)
+        gpus = [g for g, _ in options]
+        for numa in sorted({g.numa_node for g in gpus if g.numa_node is not None}):
+            g_here = [g for g in gpus if g.numa_node == numa]
+            v_here = [(n, v) for n, v in vfs if n.numa_node == numa]
+            if g_here and len(v_here) >= request.vfs:
+                gpus, vfs = g_here, v_here
+                break
+        return node, self.rng.choice(gpus), self.rng.sample(vfs, request.vfs)
+
 
 class BestFitPolicy(DevicePolicy):
-    """GPU bin-packing (the FGD paper's best-fit): the feasible node left with the fewest free
-    GPUs, then VFs; devices as kubelet picks them, at random; no pairing."""
+    """GPU bin-packing (the FGD paper's best-fit): the feasible node left with the least free
+    GPU capacity (milli-GPUs: whole free GPUs and what shared ones have left), then VFs;
+    whole GPUs as kubelet picks them, at random; a share on the GPU it leaves the least
+    milli free on (ties at random); no pairing."""
 
     name = "best-fit"
 
-    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
+    def _scored(self, nodes: list[str], request: Request, milli: int) -> list[tuple[float, str]]:
         scored = []
         for node in nodes:
-            free_gpus, free_vfs = self.free_counts(node)
-            scored.append((-float(free_gpus - request.gpus) - (free_vfs - request.vfs) / 1e4,
-                           node))
-        node = self.pick_tied(scored)
+            left = (self.free_milli(node) - milli) / MILLI_PER_GPU
+            scored.append((-left - (self.free_counts(node)[1] - request.vfs) / 1e4, node))
+        return scored
+
+    def choose(self, nodes: list[str], request: Request) -> Choice | Infeasible:
+        node = self.pick_tied(self._scored(nodes, request, MILLI_PER_GPU * request.gpus))
         gpus = self.rng.sample(self.free_gpus(node), request.gpus)
         vfs = self.rng.sample(self.free_vfs(node), request.vfs)
         return node, gpus, vfs
+
+    def choose_share(self, nodes: list[str], request: Request,
+                     milli: int) -> ShareChoice | Infeasible:
+        node = self.pick_tied(self._scored(nodes, request, milli))
+        options = self.share_options(node, milli)
+        least = min(free for _, free in options)
+        gpu = self.rng.choice([g for g, free in options if free == least])
+        return node, gpu, self.rng.sample(self.free_vfs(node), request.vfs)
 
 
 class KoordinatorPolicy(DevicePolicy):
@@ -263,6 +356,33 @@ class KoordinatorPolicy(DevicePolicy):
         gpus, vfs = plans[node]
         return node, list(gpus), list(vfs)
 
+    def choose_share(self, nodes: list[str], request: Request,
+                     milli: int) -> ShareChoice | Infeasible:
+        """A share (Koordinator's `koordinator.sh/gpu-core` and memory ratio): its
+        LeastAllocated scorer on the node (free milli-GPUs after placement) and on the GPUs
+        (the one with the most free, lowest minor on ties, so shares spread over fresh GPUs
+        first), then VFs for that GPU as for whole GPUs."""
+        strict = request.max_distance is not None and request.vfs > 0
+        scored: list[tuple[float, str]] = []
+        plans: dict[str, _Plan] = {}
+        for node in nodes:
+            options = self.share_options(node, milli)
+            gpu = min(options, key=lambda o: (-o[1], o[0].pci_address))[0]
+            plan = self._trial(node, request, strict, (gpu,))
+            if plan is None:
+                continue
+            plans[node] = plan
+            cap_g, cap_v = self.capacity(node)
+            parts = [(self.free_milli(node) - milli) / (MILLI_PER_GPU * cap_g)]
+            if request.vfs and cap_v:
+                parts.append((self.free_counts(node)[1] - request.vfs) / cap_v)
+            scored.append((round(100 * sum(parts) / len(parts)), node))
+        if not scored:
+            return Infeasible("no node has NICs on the GPUs' PCIe roots (SamePCIe)")
+        node = self.pick_tied(scored)
+        gpus, vfs = plans[node]
+        return node, gpus[0], list(vfs)
+
     def _plan(self, node: str, request: Request, strict: bool) -> tuple[_Plan | None, int]:
         """`_trial` and the node's score, remembered while the node's ledger (all they read)
         is unchanged: the policy's own change count tells (with departures, equal sizes of
@@ -274,18 +394,22 @@ class KoordinatorPolicy(DevicePolicy):
         if hit is not None and hit[0] == token:
             return hit[1]
         plan = self._trial(node, request, strict)
-        gpus, vfs = self.free_counts(node)
+        _, vfs = self.free_counts(node)
         cap_g, cap_v = self.capacity(node)
-        # LeastAllocated: the mean over resources of the free share after placement.
-        parts = [(gpus - request.gpus) / cap_g] if cap_g else []
+        # LeastAllocated: the mean over resources of the free share after placement (GPUs
+        # in milli: shared GPUs count what they have left).
+        left = self.free_milli(node) - MILLI_PER_GPU * request.gpus
+        parts = [left / (MILLI_PER_GPU * cap_g)] if cap_g else []
         if request.vfs and cap_v:
             parts.append((vfs - request.vfs) / cap_v)
         score = round(100 * sum(parts) / max(len(parts), 1))
         self._plans[key] = (token, (plan, score))
         return plan, score
 
-    def _trial(self, node: str, request: Request, strict: bool) -> _Plan | None:
-        gpus = self.free_gpus(node)[:request.gpus]
+    def _trial(self, node: str, request: Request, strict: bool,
+               gpus: Sequence[Gpu] | None = None) -> _Plan | None:
+        if gpus is None:
+            gpus = self.free_gpus(node)[:request.gpus]
         free = self.free_vfs(node)
         by_pf: dict[str, list[tuple[Nic, Vf]]] = {}
         for n, v in free:

@@ -3,6 +3,8 @@
 Each pod goes through what kube-scheduler asks the extender: filter every node, score the
 ones that fit, bind to the best (ties at random, as kube-scheduler's selectHost breaks them),
 and the bind re-allocates under the node lock and records the Allocation in the ledger.
+A share of one GPU (`sim.sharing`; Railyard's allocator never shares, decision 0094) goes
+best-fit onto a GPU already shared, else opens the GPU the allocator would give a one-GPU pod.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
-from railyard.allocation.types import Allocation, Infeasible
+from railyard.allocation.types import Allocation, Infeasible, NicRef
 from railyard.scheduler.state import ClusterState
+from railyard.sim.sharing import MILLI_PER_GPU, GpuShares
 from railyard.topology.model import NodeTopology
 
 if TYPE_CHECKING:
@@ -36,25 +39,88 @@ class RailyardPolicy:
                                   idle_reserve=idle_reserve)
         self._names = self.state.node_names()
         self.rng = random.Random(f"railyard-sim/{seed}/policy/{self.name}")
+        self.shares = GpuShares()
 
     def ledgers(self) -> Mapping[str, Ledger]:
         return {n: self.state.ledger(n) for n in self._names}
 
     def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
-              job: str | None = None) -> Allocation | Infeasible:
+              job: str | None = None, gpu_milli: int = MILLI_PER_GPU,
+              cpu_milli: int = 0) -> Allocation | Infeasible:
+        if request.gpus == 1 and 0 < gpu_milli < MILLI_PER_GPU and job is None:
+            return self._place_share(uid, request, self._names if nodes is None else nodes,
+                                     gpu_milli)
         # A gang's pod: its job's rail sequence, as the extender hands it (docs/rails.md).
         request = self.state.job_request(request, job)
-        outcome = self.state.filter(request, self._names if nodes is None else nodes)
+        node = self._pick(request, self._names if nodes is None else nodes)
+        if isinstance(node, Infeasible):
+            return node
+        return self.state.bind(uid, SIM_NAMESPACE, uid, node, request,
+                               decided_at=SIM_DECIDED_AT, job=job)
+
+    def _pick(self, request: Request, nodes: Sequence[str]) -> str | Infeasible:
+        """The node kube-scheduler binds to: filter, score, the best (ties at random)."""
+        outcome = self.state.filter(request, nodes)
         if not outcome.fits:
             reasons = {**outcome.failed, **outcome.unresolvable}
             first = next(iter(reasons.values()), "no nodes")
             return Infeasible(f"no node fits ({len(reasons)} rejected; e.g. {first})")
         scores = self.state.scores(request, outcome.fits)
         best = max(scores.values())
-        node = self.rng.choice([n for n in outcome.fits if scores[n] == best])
-        return self.state.bind(uid, SIM_NAMESPACE, uid, node, request,
-                               decided_at=SIM_DECIDED_AT, job=job)
+        return self.rng.choice([n for n in outcome.fits if scores[n] == best])
+
+    def _place_share(self, uid: str, request: Request, nodes: Sequence[str],
+                     milli: int) -> Allocation | Infeasible:
+        """Railyard's rule for a share of one GPU (decision 0094), which keeps whole GPUs
+        near NICs for the pods that pair them:
+
+        1. best-fit onto a GPU already shared: the one with the least milli left that fits,
+           on a node whose VFs the pod's VFs fit (ties at random);
+        2. else open a GPU: the node and GPU the extender gives a one-GPU pod (binpack: the
+           fullest node; on it the GPU whose loss keeps the largest GPU↔NIC matching within
+           PXB, the allocator's aligned-capacity key), held whole by a stand-in meanwhile.
+
+        The pod's VFs, if any, are the allocator's for a request of VFs alone on that node."""
+        vf_request = Request(vfs=request.vfs) if request.vfs else None
+        room = [(MILLI_PER_GPU - used, node, gpu) for node in nodes
+                for gpu, used in self.shares.used_on(node).items()
+                if MILLI_PER_GPU - used >= milli]
+        if room and vf_request is not None:
+            with_vfs = set(self.state.filter(vf_request, sorted({n for _, n, _ in room})).fits)
+            room = [r for r in room if r[1] in with_vfs]
+        holder = None
+        if room:
+            least = min(left for left, _, _ in room)
+            _, node, gpu = self.rng.choice(sorted(r for r in room if r[0] == least))
+            whole = self.state.ledger(node).allocation(self.shares.holder(node, gpu) or "")
+            assert whole is not None, "a shared GPU is held by its stand-in"
+        else:
+            picked = self._pick(Request(gpus=1, vfs=request.vfs), nodes)
+            if isinstance(picked, Infeasible):
+                return picked
+            node, holder = picked, f"shared-gpu/{uid}"
+            opened = self.state.bind(holder, SIM_NAMESPACE, holder, node, Request(gpus=1),
+                                     decided_at=SIM_DECIDED_AT)
+            if isinstance(opened, Infeasible):
+                return opened
+            whole, gpu = opened, opened.gpus[0].pci_address
+        vfs: tuple[NicRef, ...] = ()
+        if vf_request is not None:
+            got = self.state.bind(uid, SIM_NAMESPACE, uid, node, vf_request,
+                                  decided_at=SIM_DECIDED_AT)
+            if isinstance(got, Infeasible):
+                if holder is not None:
+                    self.state.release(holder)
+                return got
+            vfs = got.nics
+        self.shares.hold(uid, node, gpu, milli, holder or "")
+        return Allocation(node=node, numa_nodes=whole.numa_nodes, cpus=None, memory_bytes=(),
+                          nics=vfs, gpus=whole.gpus)
 
     def release(self, uid: str) -> None:
-        """The pod was deleted: the extender's release, as its pod watch calls it."""
+        """The pod was deleted: the extender's release, as its pod watch calls it; a share
+        frees its milli, and its GPU with the last one."""
         self.state.release(uid)
+        freed = self.shares.release(uid)
+        if freed is not None and freed[1] is not None:
+            self.state.release(freed[1])

@@ -38,6 +38,7 @@ POLICY_COLOURS = {
     "numa": "#8c6bb1",
     "koordinator": "#e08e0b",
     "best-fit": "#3f6fb0",
+    "fgd": "#c2185b",
 }
 CLASS_COLOURS = {
     Distance.PIX: "#1a9850",
@@ -99,8 +100,8 @@ def _demand_note(info: RunInfo) -> str:
     return (f"RDMA demand (the trace has no NIC column): pods with ≥ 2 GPUs are training pods "
             f"wanting one VF per GPU; {100 * info.vf_share:.0f}% of one-GPU pods (a seeded "
             f"draw) want one VF; the rest want none. {strict} {info.fractional_pods} drawn "
-            f"pods asked for a fraction of a GPU and got a whole one; {info.cpu_only_rows} "
-            "CPU-only trace rows were left out.")
+            f"pods asked for a share of one GPU and shared GPUs (at most 1000 milli-GPUs "
+            f"each); {info.cpu_only_rows} CPU-only trace rows were left out.")
 
 
 def _arrivals_note(info: RunInfo) -> str:
@@ -217,7 +218,8 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
 
 
 FOOTNOTES = (
-    "No GPU sharing: a pod asking for a fraction of a GPU gets one whole GPU.",
+    "Shared GPUs: a pod asking a share of one GPU shares it with others (shares sum to at "
+    "most 1000 milli-GPUs); GPU allocation counts a share as its milli/1000.",
     "CPU-only openb pods are left out: they ask for nothing Railyard manages. CPUs and "
     "memory are simulated: a pod is offered only nodes with room for its requests.",
     "Policies without pairing are judged by the best matching of the GPUs and VFs they "

@@ -17,9 +17,10 @@ from railyard.sim.bounds import Bounds, offline_bounds
 from railyard.sim.capacity import NodeResources
 from railyard.sim.metrics import PolicyMetrics, heatmap_rows
 from railyard.sim.policies import BASELINES, Policy
+from railyard.sim.sharing import share_of
 from railyard.topology.model import NodeTopology
 
-DEFAULT_POLICIES = ("railyard", "random", "numa", "koordinator", "best-fit")
+DEFAULT_POLICIES = ("railyard", "random", "numa", "koordinator", "best-fit", "fgd")
 # Also accepted: the extender's allocator with spread packing, for comparison; and with its
 # admission reserve (`--reserve K`, the extender's --idle-node-reserve).
 EXTRA_POLICIES = ("railyard-spread", "railyard-reserve")
@@ -47,9 +48,17 @@ def parse_policies(text: str) -> list[str]:
 
 
 def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int,
-                reserve: int = DEFAULT_RESERVE) -> Policy:
+                reserve: int = DEFAULT_RESERVE,
+                workload: Sequence[Arrival] = ()) -> Policy:
+    """A fresh policy; `workload`: the arrivals whose task shapes FGD targets (without
+    them it learns shapes as pods arrive)."""
     if name in BASELINES:
         return BASELINES[name](topologies, seed)
+    if name == "fgd":
+        from railyard.sim.fgd import FgdPolicy
+
+        return FgdPolicy(topologies, seed, [(a.pod.cpu_milli, a.request.gpus, share_of(a.pod))
+                                            for a in workload])
     # Imported here: the baselines need nothing from the extender.
     from railyard.sim.railyard_policy import RailyardPolicy
 
@@ -143,7 +152,8 @@ def _place_gang(policy: Policy, resources: NodeResources,
     for a in pods:
         fitting = resources.candidates(a.pod)
         result: Allocation | Infeasible = (
-            policy.place(a.uid, a.request, fitting, job=job) if fitting
+            policy.place(a.uid, a.request, fitting, job=job, gpu_milli=share_of(a.pod),
+                         cpu_milli=a.pod.cpu_milli) if fitting
             else Infeasible(_NO_ROOM + f"room for pod {a.uid} of {job}"))
         if isinstance(result, Infeasible):
             for uid in placed:
@@ -178,7 +188,7 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
     results: dict[str, PolicyResult] = {}
     events = timeline(arrivals)
     for name in policies:
-        policy = make_policy(name, topologies, seed, reserve)
+        policy = make_policy(name, topologies, seed, reserve, workload=arrivals)
         m = PolicyMetrics(name, cluster_gpus)
         resources = NodeResources(topologies)
         clock = time.perf_counter
@@ -201,7 +211,9 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
             else:
                 fitting = resources.candidates(arrival.pod)
                 if fitting:
-                    result = policy.place(arrival.uid, arrival.request, fitting)
+                    result = policy.place(arrival.uid, arrival.request, fitting,
+                                          gpu_milli=share_of(arrival.pod),
+                                          cpu_milli=arrival.pod.cpu_milli)
                 else:
                     result = Infeasible(_NO_ROOM + f"{arrival.pod.cpu_milli}m CPU and "
                                         f"{arrival.pod.memory_mib} MiB of memory free (or its "

@@ -61,7 +61,8 @@ class TracePod:
 
     @property
     def gpus(self) -> int:
-        """Whole GPUs Railyard gives the pod: it does not share GPUs, so a fraction is one."""
+        """GPUs the pod's request names: a share of one GPU names one, which the simulator
+        shares with other shares (`sim.sharing`, decision 0094)."""
         return self.num_gpu
 
     @property
