@@ -24,6 +24,7 @@ from railyard.kubelet.admission import Admission
 from railyard.kubelet.apipods import ApiPods
 from railyard.kubelet.koordinator import KoordinatorRecords, koordinator_allocation
 from railyard.kubelet.pods import pod_view
+from railyard.kubelet.writeback import AllocationWriteBack
 from railyard.node.state import StateStore
 from railyard.records.allocation import RecordError
 from railyard.topology.model import Distance
@@ -96,6 +97,14 @@ def test_a_pod_with_only_koordinators_record_gets_it_and_kubelet_is_steered_to_i
         f"{TOPO.gpus[1].pci_address}={NEAR1.vfs[2].pci_address}")
     [record] = adm.store.all()
     assert record.uid == "k1" and record.allocation == view.allocation
+    # Admitted: the node's pairing is due on the pod as a Railyard record (decidedBy: node),
+    # where the extender's ledger sees it; once there, nothing more is due.
+    back = AllocationWriteBack(None, adm.store, Source())  # type: ignore[arg-type]
+    assert [(p.uid, a) for p, a in back.due()] == [("k1", view.allocation)]
+    assert view.allocation is not None
+    written = koord_pod("k1", koord_text(CROSSED), alloc=view.allocation)
+    view = KoordinatorRecords(TOPO)(pod_view(written))
+    assert not view.from_koordinator and back.due() == []
 
 
 def test_railyards_record_wins_over_koordinators():

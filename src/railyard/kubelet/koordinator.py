@@ -27,8 +27,9 @@ def koordinator_allocation(text: str, topology: NodeTopology,
     paired nearest-first (the distance class, then the NIC's load, then its address) with
     one NIC of its own while there are as many NICs as GPUs, shared otherwise — the pairing
     the node gives when kubelet departs from a record (`pairing.reconcile`). `decidedBy:
-    node`: the pairing is this node's. RecordError naming the field when the record is
-    malformed or names a device this node does not have."""
+    node`: the pairing is this node's, and the write-back puts it on the pod as a Railyard
+    record once admitted, where the extender's ledger sees it. RecordError naming the field
+    when the record is malformed or names a device this node does not have."""
     where = KOORDINATOR_DEVICE_ALLOCATED
     found = devices_on(decode_device_allocated(text, where), topology, where)
     actual: dict[Kind, list[str]] = {"gpu": [g.device_id for g in found.gpus]}
@@ -61,4 +62,4 @@ class KoordinatorRecords:
             alloc = koordinator_allocation(text, self.topology, self.index)
         except RecordError as e:
             return replace(view, allocation_error=str(e))
-        return replace(view, allocation=alloc)
+        return replace(view, allocation=alloc, from_koordinator=True)

@@ -72,6 +72,9 @@ class PodView:
     raw: dict[str, Any]
     init_containers: tuple[ContainerView, ...] = ()  # spec.initContainers, sidecars included
     problems: tuple[str, ...] = ()  # fields read as absent because they were malformed
+    # `allocation` is the node's pairing of Koordinator's device-allocated (decision 0095),
+    # not yet a Railyard record on the pod: the write-back puts it there.
+    from_koordinator: bool = False
 
     @property
     def admission_order(self) -> tuple[ContainerView, ...]:

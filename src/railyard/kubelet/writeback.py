@@ -47,7 +47,7 @@ class AllocationWriteBack:
             pod = live.get(rec.uid)
             if pod is None or pod.deleting or rec.allocation.decided_by != "node":
                 continue
-            if pod.allocation == rec.allocation:
+            if pod.allocation == rec.allocation and not pod.from_koordinator:
                 self._written.pop(rec.uid, None)
                 continue
             if self._written.get(rec.uid) == self._text(rec.uid, rec.allocation):
