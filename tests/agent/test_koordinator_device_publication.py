@@ -115,3 +115,51 @@ def test_a_bad_koordinator_section_is_refused_naming_the_field(doc, says):
     with pytest.raises(ConfigError) as e:
         config_from_dict(doc)
     assert says in str(e.value)
+
+
+def _agent(tmp_path, client: Recorder, on: bool):
+    from railyard.agent.agent import Agent, AgentOptions
+    from railyard.agent.config import AgentConfig
+
+    config = AgentConfig(koordinator=KoordinatorOptions(publish_devices=on))
+    agent = Agent(AgentOptions("node-a", state_dir=str(tmp_path)), None, config, TOPO,
+                  kube=client)  # type: ignore[arg-type]
+    agent._topology = TOPO
+    return agent
+
+
+def test_the_agent_publishes_its_device_only_when_asked_and_again_only_on_health_change(
+        tmp_path):
+    async def main() -> tuple[Recorder, Recorder]:
+        off_client, on_client = Recorder(None), Recorder(None)
+        off = _agent(tmp_path / "off", off_client, False)
+        assert await off.publish_koordinator_device()
+        on = _agent(tmp_path / "on", on_client, True)
+        assert await on.publish_koordinator_device()
+        on_client.current = existing(OURS)  # what the create left there
+        assert await on.publish_koordinator_device()  # same health: not even read
+        on.unhealthy = {TOPO.nics[0].pci_address: "link down"}
+        assert await on.publish_koordinator_device()
+        for a in (off, on):
+            await asyncio.to_thread(a.store.close)
+        return off_client, on_client
+
+    off_client, on_client = asyncio.run(main())
+    assert off_client.created == [] and off_client.patches == []
+    assert len(on_client.created) == 1
+    [(_, ops)] = on_client.patches
+    assert ops[1]["value"] == device_spec(TOPO, {TOPO.nics[0].pci_address})
+
+
+def test_an_api_server_that_refuses_the_device_is_retried_by_the_publish_loop(tmp_path):
+    class Refusing(Recorder):
+        async def get(self, path: str, type_: Any) -> Any:
+            raise ApiError(403, "Forbidden", "devices is forbidden", path)
+
+    async def main() -> tuple[bool, frozenset[str] | None]:
+        agent = _agent(tmp_path, Refusing(None), True)
+        ok = await agent.publish_koordinator_device()
+        await asyncio.to_thread(agent.store.close)
+        return ok, agent._device_published
+
+    assert asyncio.run(main()) == (False, None)

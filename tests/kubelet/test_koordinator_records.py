@@ -1,20 +1,16 @@
 """Koordinator's device-allocated honoured on the node (kubelet.koordinator, decision 0095):
 a pod with no Railyard record but a Koordinator one gets exactly those devices, paired here
 nearest-first; Railyard's record always wins; a bad Koordinator record is an error the
-admission reports, never a grant; and the agent honours it only when configured and while
-it trusts every record."""
+admission reports, never a grant; and once admitted it is written back as a Railyard record.
+The agent's switch: tests/agent/test_koordinator_honour_switch.py."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from railyard.agent.agent import Agent, AgentOptions
-from railyard.agent.config import AgentConfig, KoordinatorOptions
 from railyard.allocation.names import (
     ALLOCATION_ANNOTATION,
     DEFAULT_RESOURCES,
@@ -158,25 +154,3 @@ def test_the_api_source_adopts_the_pods_it_listed_before_discovery_and_those_aft
     pods._set("team/k7", node_pod("k7"))
     pods._publish()
     assert [p.uid for p in pods.pods() if p.allocation is not None] == ["k6", "k7"]
-
-
-def agent(tmp_path, honour: bool, extender_keys=()) -> Agent:
-    options = AgentOptions(NODE, state_dir=str(tmp_path),
-                           signing_key=Ed25519PrivateKey.generate() if extender_keys else None,
-                           extender_keys=tuple(extender_keys))
-    config = AgentConfig(koordinator=KoordinatorOptions(honour_device_allocated=honour))
-    a = Agent(options, None, config, TOPO, kube=object())  # type: ignore[arg-type]
-    a._topology = TOPO
-    return a
-
-
-@pytest.mark.parametrize(("honour", "signed", "adopted"), [
-    (True, False, True), (False, False, False), (True, True, False)])
-def test_the_agent_honours_koordinator_only_when_configured_and_trusting_every_record(
-        tmp_path, honour, signed, adopted):
-    keys = (Ed25519PrivateKey.generate().public_key(),) if signed else ()
-    a = agent(tmp_path, honour, keys)
-    a._honour_koordinator()
-    assert a._api_pods is not None
-    assert (a._api_pods.adopt is not None) == adopted
-    asyncio.run(asyncio.to_thread(a.store.close))
