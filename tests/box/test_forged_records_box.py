@@ -314,3 +314,66 @@ def _post(port: int, path: str, body: dict) -> dict:
 def _get_json(port: int, path: str) -> dict:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
         return json.loads(answer.read())
+
+
+KOORD_ANNOTATION = "scheduling.koordinator.sh/device-allocated"
+KOORD_REFUSED = f"{KOORD_ANNOTATION} is written by Koordinator's scheduler only here"
+
+
+@pytest.fixture(scope="module")
+def koordinator_policy(box: kubebox.Box, world: dict,
+                       tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The chart's koordinator-records policy (koordinator.honourDeviceAllocated, decision
+    0095) with `koord` as Koordinator's scheduler, applied beside the main one; `koord` may
+    edit pods in the test namespace. The namespace."""
+    from support.chart import CHART, RELEASE, helm
+
+    ns = world["ns"]
+    rendered = helm(tmp_path_factory.mktemp("helm"), "template", RELEASE, str(CHART), "-n",
+                    NAMESPACE, "--set", "koordinator.honourDeviceAllocated=true",
+                    "--set", "koordinator.schedulerUsers={koord}")
+    items = [o for o in documents(rendered) if o["kind"] in {
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+        and o["metadata"]["name"].endswith("-koordinator-records")]
+    assert len(items) == 2, [o["metadata"]["name"] for o in items]
+    box.kubectl("apply", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": items}))
+    box.kubectl("create", "rolebinding", "koord-edit", "--clusterrole=edit", "--user=koord",
+                "-n", ns)
+    probe = json.dumps(_koord_annotated(pod("koord-probe", ["true"])))
+    wait_for("the koordinator-records policy to refuse a user's annotation",
+             lambda: KOORD_REFUSED in _as_alice(box, "create", "--dry-run=server", "-n", ns,
+                                                "-f", "-", input=probe).stderr, timeout=60)
+    return ns
+
+
+def _koord_annotated(manifest: dict, gpu: str = "GPU-0") -> dict:
+    value = json.dumps({"gpu": [{"minor": 0, "id": gpu, "resources": {}}]})
+    manifest["metadata"]["annotations"] = {KOORD_ANNOTATION: value}
+    return manifest
+
+
+def test_only_koordinators_scheduler_writes_device_allocated(box, koordinator_policy):
+    """A pod author's device-allocated is refused on create and edit (agents honouring it
+    would grant any device); Koordinator's scheduler identity writes it; edits around it
+    pass."""
+    ns = koordinator_policy
+    manifest = json.dumps(_koord_annotated(pod("koord-forged", ["sleep", "3600"],
+                                               schedulerName="nobody")))
+    done = _as_alice(box, "create", "-n", ns, "-f", "-", input=manifest)
+    assert done.returncode != 0 and KOORD_REFUSED in done.stderr, done.stderr
+    assert "alice may not" in done.stderr
+    as_koord = kubebox.run([box.bin("kubectl"), "--kubeconfig",
+                            str(box.layout.admin_kubeconfig), "--as=koord", "create", "-n", ns,
+                            "-f", "-"], check=False, input=manifest.replace(
+                                "koord-forged", "koord-decided"))
+    assert as_koord.returncode == 0, as_koord.stderr
+    for edit in (["annotate", "--overwrite", "pod", "koord-decided",
+                  f"{KOORD_ANNOTATION}={json.dumps({'gpu': []})}"],
+                 ["annotate", "pod", "koord-decided", f"{KOORD_ANNOTATION}-"]):
+        done = _as_alice(box, *edit, "-n", ns)
+        assert done.returncode != 0 and KOORD_REFUSED in done.stderr, (edit, done.stderr)
+    done = _as_alice(box, "label", "pod", "koord-decided", "team=a", "-n", ns)
+    assert done.returncode == 0, done.stderr
+    kept = get(box, "pod", "koord-decided", "-n", ns)["metadata"]["annotations"]
+    assert json.loads(kept[KOORD_ANNOTATION])["gpu"][0]["id"] == "GPU-0"
