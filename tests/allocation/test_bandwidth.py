@@ -158,3 +158,18 @@ def test_the_vf_bandwidth_hint_is_a_percentage_for_one_pools_vfs():
         Request(gpus=1, vf_bandwidth=25)
     with pytest.raises(RequestError, match="several pools"):
         Request(vfs=1, pool_vfs=(("example.com/b", 1),), vf_bandwidth=25)
+
+
+def test_a_pf_the_share_caps_stays_open_for_the_aligned_capacity():
+    """A PF with 99% left gives a 50% pod one VF of its two free ones: the other stays free
+    (for pods without a share), so the PF stays open and the lowest address wins the tie —
+    found in CI, where the search counted the PF closed once the capped VF was taken."""
+    t = build_topology(DGX_H100, 4)
+    first = next(n for n in t.nics if n.vfs)
+    ledger = Ledger(t)
+    ledger.add("held", Allocation(t.node, (), None, (), nics=(
+        replace(NicRef.of_vf(first, first.vfs[0]), bandwidth=1),)))
+    request = Request(vfs=1, vf_bandwidth=50)
+    got = Allocator().allocate(t, ledger, request)
+    assert isinstance(got, Allocation)
+    assert got.vfs[0].pf_pci_address == first.pci_address, got.vfs

@@ -265,6 +265,10 @@ class Search:
                            for p, n in spec.others]
             # Per PF: free VFs of pools other than the paired one (keep the PF open).
             self.other_free = [a - b for a, b in zip(any_vfs, self.free.vfs, strict=True)]
+        # The paired pool's free VFs per PF: a PF closes (no free VF left, for the aligned
+        # capacity) only when the pod takes all of them — also where a bandwidth share caps
+        # what this pod may take below that.
+        self.left = self.free.vfs
         if spec.share:
             # Only the paired pool's VFs: a request with a share asks one pool (`Request`).
             self.free = self.free.capped(spec.share)
@@ -604,7 +608,7 @@ class Search:
         for j in range(npf):
             if tmin[j]:
                 need_numa |= 1 << pf_numa[j]
-                if tmin[j] >= rvf[j] and not self.other_free[j]:
+                if tmin[j] >= self.left[j] and not self.other_free[j]:
                     need_closed |= 1 << j
         smin, smax_all = sum(tmin), sum(tmax)
         for wset in combinations(whole_cands, extra_whole):
@@ -753,7 +757,7 @@ class Search:
         its hottest loop without the pools' bookkeeping, which costs a node without pools
         about 10% of a cold search (docs/decisions/0085)."""
         gset, targets, worst, mism, total, crowd, mask, gpus_after, paired_whole_mask = fixed
-        sp, npf, rvf = self.spec, self.npf, self.free.vfs
+        sp, npf, left = self.spec, self.npf, self.left
         self.explored += npf  # its passes over the PFs
         pf_numa = self.shape.pf_numa
         wmask_pf = sum(1 << j for j in wset)
@@ -770,7 +774,7 @@ class Search:
             smin[idx] = smin[idx + 1] + tmin[j]
             smax[idx] = smax[idx + 1] + tmax[j]
             snuma[idx] = snuma[idx + 1] | ((1 << pf_numa[j]) if tmin[j] else 0)
-            sclosed[idx] = sclosed[idx + 1] | ((1 << j) if tmin[j] >= rvf[j] else 0)
+            sclosed[idx] = sclosed[idx + 1] | ((1 << j) if tmin[j] >= left[j] else 0)
         if not smin[0] <= sp.vfs <= smax[0]:
             return
         wnuma = mask
@@ -819,7 +823,7 @@ class Search:
             for t in range(top, bottom - 1, -1):
                 counts[j] = t
                 dfs(idx + 1, rem - t, cmask | bit if t else cmask,
-                    closed | (1 << j) if t >= rvf[j] else closed)
+                    closed | (1 << j) if t >= left[j] else closed)
             counts[j] = 0
 
         try:
@@ -970,7 +974,7 @@ class _Pairing:
             if tmin_new > free_vfs or inst - tmin_old + tmin_new > sp.vfs:
                 return None
             self.inst = inst - tmin_old + tmin_new
-            if tmin_new >= free_vfs and not self.search.other_free[j]:
+            if tmin_new >= self.search.left[j] and not self.search.other_free[j]:
                 self.closed = closed | (1 << j)
         else:
             if m == _VF or load + 1 > sp.hi or (m == _UNUSED and wholes + 1 > sp.pfs):
