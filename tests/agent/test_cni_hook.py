@@ -11,7 +11,12 @@ from support.agent import async_test, rig
 
 @async_test
 async def test_cni_socket_is_served_while_the_agent_runs(tmp_path, generic_tree):
-    sock = os.path.join(tempfile.mkdtemp(prefix="ry-cni-"), "cni.sock")
+    # A short folder of its own (a socket path has at most 107 bytes), gone after the test.
+    with tempfile.TemporaryDirectory(prefix="ry-cni-") as short:
+        await _served(tmp_path, generic_tree, os.path.join(short, "cni.sock"))
+
+
+async def _served(tmp_path, generic_tree, sock: str) -> None:
     async with rig(tmp_path, generic_tree) as r:
         assert r.agent._cni is None  # not asked: not started
         r.agent.options = replace(r.agent.options, cni_socket=sock)
