@@ -297,8 +297,10 @@ def layer_tar(entries: list[tuple[str, bytes | str, int]]) -> bytes:
     return buffer.getvalue()
 
 
-def write_image_archive(path: Path, name: str, layer: bytes, entrypoint: list[str]) -> None:
-    """An OCI image layout archive that `ctr images import` names `name`."""
+def write_image_archive(path: Path, name: str, layer: bytes, entrypoint: list[str], *,
+                        config: dict | None = None, compresslevel: int = 9) -> None:
+    """An OCI image layout archive that `ctr images import` names `name`; `config` replaces
+    the image config's own section (Entrypoint, Env, User...), default `entrypoint` alone."""
     blobs: dict[str, bytes] = {}
 
     def blob(data: bytes, media_type: str) -> dict:
@@ -306,17 +308,17 @@ def write_image_archive(path: Path, name: str, layer: bytes, entrypoint: list[st
         blobs[digest] = data
         return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
-    compressed = gzip.compress(layer, mtime=0)
-    config = {
+    compressed = gzip.compress(layer, compresslevel=compresslevel, mtime=0)
+    image = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+        "config": config or {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
         "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]},
     }
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
+        "config": blob(json.dumps(image).encode(), "application/vnd.oci.image.config.v1+json"),
         "layers": [blob(compressed, "application/vnd.oci.image.layer.v1.tar+gzip")],
     }
     descriptor = blob(json.dumps(manifest).encode(), manifest["mediaType"])
