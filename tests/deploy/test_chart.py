@@ -18,8 +18,10 @@ import pytest
 import yaml
 from typer.main import get_command
 
-from railyard.agent.config import config_from_dict
+from railyard.agent.config import ConfigError, config_from_dict
 from railyard.cli.main import app
+from railyard.kubelet.pairmap import DEFAULT_PAIR_MAP
+from railyard.topology.rails import PCI_ORDER
 from support.box import kubebox
 from support.chart import CHART, MANIFESTS, NAMESPACE, REPO, documents, helm, helm_binary, helm_env
 from support.chart_box import railyard_image
@@ -413,3 +415,24 @@ def test_vf_pools_reach_the_agent_the_extender_and_kube_scheduler(render):
                for m in scheduler["extenders"][0]["managedResources"]}
     assert managed == {"railyard.dev/vf": True, "example.com/vf_storage": True,
                        "railyard.dev/pf": True, "nvidia.com/gpu": False}
+
+
+def test_pair_map_and_rails_values_reach_the_agents_config(objects, render):
+    """agent.pairMap and agent.rails (docs/pair-map.md, docs/rails.md): the defaults are the
+    agent's own, and a gpu-index scheme, the NCCL affinity form, a rail scheme or a rail map
+    set in values is what the agent's parser reads."""
+    default = _agent_config(objects)
+    assert default.pair_map == DEFAULT_PAIR_MAP and default.rails is None
+    indexed = _agent_config(render(
+        "--set", "agent.pairMap.podIfnameScheme=gpu-index",
+        "--set", "agent.pairMap.ncclGpuNicAffinity=true", "--set", "agent.rails=pci-order"))
+    assert indexed.pair_map.pod_ifname_scheme == "gpu-index"
+    assert indexed.pair_map.nccl_gpu_nic_affinity is True
+    assert indexed.rails == PCI_ORDER
+    mapped = _agent_config(render(
+        "--set", "agent.pairMap.podIfname=rdmanet",
+        "--set-json", 'agent.rails={"0000:18:00.0":0,"ibp64s0":1}'))
+    assert mapped.pair_map.pod_ifname == "rdmanet"
+    assert mapped.rails == {"0000:18:00.0": 0, "ibp64s0": 1}
+    with pytest.raises(ConfigError, match="podIfnameScheme"):  # a scheme the CNI does not know
+        _agent_config(render("--set", "agent.pairMap.podIfnameScheme=by-gpu"))

@@ -51,6 +51,20 @@ vfPools:
   resourceList:
     {{- toYaml . | nindent 4 }}
 {{- end }}
+{{- with .Values.agent.pairMap }}
+pairMap:
+  ncclGpuNicAffinity: {{ .ncclGpuNicAffinity }}
+  podIfname: {{ .podIfname | quote }}
+  podIfnameScheme: {{ .podIfnameScheme | quote }}
+{{- end }}
+{{- with .Values.agent.rails }}
+{{- if kindIs "string" . }}
+rails: {{ . | quote }}
+{{- else }}
+rails:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
 devinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/dp
 cniDevinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/cni
 {{- with .Values.koordinator }}
