@@ -4,9 +4,13 @@ port."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
+
+import aiohttp
 
 from railyard.allocation.types import Allocation
 from railyard.scheduler.service import Extender, bound_port, start
@@ -14,7 +18,7 @@ from railyard.topology.model import NodeTopology
 from support.allocations import allocation, vf
 from support.pods import asking as pod
 
-__all__ = ["args", "hand_allocation", "node_list", "pod", "served"]
+__all__ = ["args", "calls", "hand_allocation", "node_list", "pod", "served"]
 
 
 def args(p: dict, names: list[str]) -> dict[str, Any]:
@@ -41,3 +45,15 @@ async def served(extender: Extender) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{bound_port(runner)}"
     finally:
         await runner.cleanup()
+
+
+def calls(extender: Extender, posts: list[tuple[str, dict]]) -> list[Any]:
+    """Serve the extender and POST each (verb, body) in turn; the JSON answers, in order."""
+    async def go() -> list[Any]:
+        out = []
+        async with served(extender) as url, aiohttp.ClientSession() as s:
+            for verb, body in posts:
+                async with s.post(f"{url}/{verb}", data=json.dumps(body).encode()) as r:
+                    out.append(await r.json())
+        return out
+    return asyncio.run(go())

@@ -9,8 +9,7 @@ import json
 import logging
 from typing import Any
 
-import aiohttp
-from scheduler_helpers import args, pod, served
+from scheduler_helpers import args, calls, pod
 
 from railyard.allocation.request import Request, parse_request_spec
 from railyard.scheduler.cluster_api import (
@@ -29,17 +28,6 @@ LOGGER = "railyard.scheduler"
 
 def _extender(spec: str = "dgx-h100:1,xe8640:1,generic:1") -> Extender:
     return Extender(ClusterState(cluster_from_spec(spec)))
-
-
-def _calls(ext: Extender, calls: list[tuple[str, dict]]) -> list[Any]:
-    async def go() -> list[Any]:
-        out = []
-        async with served(ext) as url, aiohttp.ClientSession() as s:
-            for verb, body in calls:
-                async with s.post(f"{url}/{verb}", data=json.dumps(body).encode()) as r:
-                    out.append(await r.json())
-        return out
-    return asyncio.run(go())
 
 
 def _pod(uid: str, gpus: int, prefer: str | None) -> dict:
@@ -63,14 +51,14 @@ def _metric(ext: Extender, level: str, preference: str) -> float:
 
 def test_filter_keeps_every_node_that_fits_whatever_the_pod_prefers():
     names = [PIX_NODE, NODE_NODE, PHB_NODE]
-    plain, preferring = _calls(_extender(), [("filter", args(_pod("a", 2, None), names)),
-                                             ("filter", args(_pod("b", 2, "PIX"), names))])
+    plain, preferring = calls(_extender(), [("filter", args(_pod("a", 2, None), names)),
+                                            ("filter", args(_pod("b", 2, "PIX"), names))])
     assert sorted(preferring["NodeNames"]) == sorted(plain["NodeNames"]) == sorted(names)
 
 
 def test_prioritize_ranks_nodes_meeting_a_phb_preference_above_those_beyond_it():
     names = [NODE_NODE, PHB_NODE]
-    plain, preferring = _calls(_extender(), [
+    plain, preferring = calls(_extender(), [
         ("prioritize", args(_pod("a", 2, None), names)),
         ("prioritize", args(_pod("b", 2, "PHB"), names))])
     plain_of = {h["Host"]: h["Score"] for h in plain}
@@ -83,7 +71,7 @@ def test_a_bind_that_falls_back_is_recorded_counted_and_logged(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     ext = _extender()
     p = _pod("t1", 4, "PIX")
-    _, bound = _calls(ext, [("filter", args(p, [NODE_NODE])), ("bind", _bind("t1", NODE_NODE))])
+    _, bound = calls(ext, [("filter", args(p, [NODE_NODE])), ("bind", _bind("t1", NODE_NODE))])
     assert bound["Error"] == ""
     held = ext.state.pod("t1")
     assert held is not None and held.allocation is not None
@@ -99,16 +87,16 @@ def test_a_bind_that_falls_back_is_recorded_counted_and_logged(caplog):
 
 def test_binds_without_a_preference_or_meeting_it_count_under_their_own_label():
     ext = _extender()
-    _calls(ext, [("filter", args(_pod("a", 2, None), [PIX_NODE])), ("bind", _bind("a", PIX_NODE)),
-                 ("filter", args(_pod("b", 2, "PXB"), [PIX_NODE])), ("bind", _bind("b", PIX_NODE))])
+    calls(ext, [("filter", args(_pod("a", 2, None), [PIX_NODE])), ("bind", _bind("a", PIX_NODE)),
+                ("filter", args(_pod("b", 2, "PXB"), [PIX_NODE])), ("bind", _bind("b", PIX_NODE))])
     assert _metric(ext, "PIX", "none") == 1 and _metric(ext, "PIX", "met") == 1
     assert "railyard_extender_affinity_achieved_total" in ext.metrics.render().decode()
 
 
 def test_the_fallback_event_names_the_preference_what_was_achieved_and_the_short_pairs():
     ext = _extender()
-    _calls(ext, [("filter", args(_pod("t1", 4, "PIX"), [NODE_NODE])),
-                 ("bind", _bind("t1", NODE_NODE))])
+    calls(ext, [("filter", args(_pod("t1", 4, "PIX"), [NODE_NODE])),
+                ("bind", _bind("t1", NODE_NODE))])
     alloc = ext.state.pod("t1").allocation  # type: ignore[union-attr]
     assert alloc is not None
     text = fallback_text(alloc)

@@ -3,13 +3,10 @@ DEBUG, a bind at INFO, both logfmt; nothing per node."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 
-import aiohttp
 import pytest
-from scheduler_helpers import args, pod, served
+from scheduler_helpers import args, calls, pod
 
 from railyard.scheduler.cluster_file import cluster_from_spec
 from railyard.scheduler.service import Extender
@@ -17,17 +14,6 @@ from railyard.scheduler.state import ClusterState
 
 NAMES = ["dgx-h100-000", "dgx-h100-001", "hgx-h100-4nic-000"]
 LOGGER = "railyard.scheduler"
-
-
-def _calls(ext: Extender, calls: list[tuple[str, dict]]) -> list[dict]:
-    async def go() -> list[dict]:
-        out = []
-        async with served(ext) as url, aiohttp.ClientSession() as s:
-            for verb, body in calls:
-                async with s.post(f"{url}/{verb}", data=json.dumps(body).encode()) as r:
-                    out.append(await r.json())
-        return out
-    return asyncio.run(go())
 
 
 def _lines(caplog: pytest.LogCaptureFixture, decision: str) -> list[str]:
@@ -44,7 +30,7 @@ def test_a_bind_logs_one_info_line_with_the_pod_node_pairs_and_distance(caplog):
     bind = {"PodName": "trainer", "PodNamespace": "ml", "PodUID": "u1", "Node": NAMES[0]}
     p = pod("u1", gpus=2, vfs=2)
     p["metadata"].update(name="trainer", namespace="ml")
-    _, bound = _calls(_extender(), [("filter", args(p, NAMES)), ("bind", bind)])
+    _, bound = calls(_extender(), [("filter", args(p, NAMES)), ("bind", bind)])
     assert bound["Error"] == ""
     [line] = _lines(caplog, "bind")
     assert line.startswith("decision=bind outcome=bound pod=ml/trainer uid=u1 "
@@ -56,7 +42,7 @@ def test_a_bind_logs_one_info_line_with_the_pod_node_pairs_and_distance(caplog):
 def test_a_refused_bind_logs_why(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     bind = {"PodName": "p", "PodNamespace": "ml", "PodUID": "never-filtered", "Node": NAMES[0]}
-    [reply] = _calls(_extender(), [("bind", bind)])
+    [reply] = calls(_extender(), [("bind", bind)])
     assert reply["Error"]
     [line] = _lines(caplog, "bind")
     assert line.startswith("decision=bind outcome=refused pod=ml/p uid=never-filtered")
@@ -66,7 +52,7 @@ def test_a_refused_bind_logs_why(caplog):
 def test_a_filter_logs_one_debug_line_per_pod_not_per_node(caplog):
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     p = pod("u1", gpus=8, pfs=5)
-    _calls(_extender(), [("filter", args(p, [*NAMES, "ghost"]))])
+    calls(_extender(), [("filter", args(p, [*NAMES, "ghost"]))])
     [line] = _lines(caplog, "filter")
     assert " nodes=4 fit=2 blocked=0 unresolvable=2 " in line
     assert line.startswith("decision=filter pod=default/") and ' why="' in line
