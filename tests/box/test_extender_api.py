@@ -18,7 +18,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ from railyard.records.allocation import decode_allocation
 from railyard.scheduler.cluster_api import ClusterSync, PodBinder
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import ClusterState
+from railyard.topology.model import NodeTopology
 from support.box import get, kubebox, namespace, pod, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.box, pytest.mark.slow]
@@ -83,18 +85,20 @@ class Extender:
         return json.loads(out.stdout)
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Extender]]:
+@contextmanager
+def extender_box(folder: Path, nodes: int,
+                 topology_of: Callable[[str], NodeTopology]) -> Iterator[tuple[object, Extender]]:
+    """A box of `nodes` kwok nodes whose kube-scheduler calls the extender, each node's
+    NodeTopology CR published as `topology_of(node)` gives it, and the extender running."""
     import os
 
     if os.geteuid() != 0:
         pytest.skip("the box needs root: network namespaces, mounts and cgroups")
-    folder = tmp_path_factory.mktemp("extender-box")
     config = yaml.safe_load((ROOT / "deploy" / "kube-scheduler-config.yaml").read_text())
     config.pop("clientConnection")
     config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{PORT}/"
     (folder / "scheduler.yaml").write_text(yaml.safe_dump(config))
-    box = kubebox.Box(folder / "box", kwok_nodes=KWOK_NODES,
+    box = kubebox.Box(folder / "box", kwok_nodes=nodes,
                       scheduler_config=folder / "scheduler.yaml")
     box.up()
     extender = Extender(box, folder / "extender.log")
@@ -105,17 +109,25 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, 
 
         async def publish_all() -> None:
             async with Client(load_kubeconfig(box.layout.admin_kubeconfig)) as client:
-                for i in range(KWOK_NODES):
-                    node = f"kwok-node-{i}"
-                    tree = write_fixture(DGX_H100, folder / "trees" / node, VFS_PER_PF,
-                                         node=node)
-                    await publish(client, discover(tree).topology)
+                for i in range(nodes):
+                    await publish(client, topology_of(f"kwok-node-{i}"))
         asyncio.run(publish_all())
         extender.start()
         yield box, extender
     finally:
         extender.kill()
         box.down()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Extender]]:
+    folder = tmp_path_factory.mktemp("extender-box")
+
+    def discovered(node: str) -> NodeTopology:
+        tree = write_fixture(DGX_H100, folder / "trees" / node, VFS_PER_PF, node=node)
+        return discover(tree).topology
+    with extender_box(folder, KWOK_NODES, discovered) as running:
+        yield running
 
 
 def gpu_pod(name: str, gpus: int, vfs: int, node: str | None = None) -> dict:

@@ -11,21 +11,16 @@ the job is pinned to another node, where packing alone would take GPUs 0-1.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Iterator
 
 import pytest
-import yaml
-from test_extender_api import CRD, PORT, ROOT, Extender, allocation_of, bound, create, gpu_pod
+from test_extender_api import Extender, allocation_of, bound, create, extender_box, gpu_pod
 
 from railyard.allocation.jobs import JOBSET_LABEL
 from railyard.allocation.names import REQUEST_ANNOTATION
 from railyard.discovery.profiles import DGX_H100, build_topology
-from railyard.kube.client import Client
-from railyard.kube.config import load_kubeconfig
-from railyard.kube.nodetopology import CRD_NAME, publish
-from support.box import kubebox, namespace
+from support.box import namespace
 
 pytestmark = [pytest.mark.root, pytest.mark.box, pytest.mark.slow]
 
@@ -35,35 +30,10 @@ VFS_PER_PF = 2
 
 @pytest.fixture(scope="module")
 def railed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Extender]]:
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("the box needs root: network namespaces, mounts and cgroups")
     folder = tmp_path_factory.mktemp("rails-box")
-    config = yaml.safe_load((ROOT / "deploy" / "kube-scheduler-config.yaml").read_text())
-    config.pop("clientConnection")
-    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{PORT}/"
-    (folder / "scheduler.yaml").write_text(yaml.safe_dump(config))
-    box = kubebox.Box(folder / "box", kwok_nodes=NODES,
-                      scheduler_config=folder / "scheduler.yaml")
-    box.up()
-    extender = Extender(box, folder / "extender.log")
-    try:
-        box.kubectl("apply", "-f", str(CRD))
-        box.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
-                    f"crd/{CRD_NAME}")
-
-        async def publish_all() -> None:
-            async with Client(load_kubeconfig(box.layout.admin_kubeconfig)) as client:
-                for i in range(NODES):
-                    await publish(client, build_topology(DGX_H100, VFS_PER_PF,
-                                                         node=f"kwok-node-{i}"))
-        asyncio.run(publish_all())
-        extender.start()
-        yield box, extender
-    finally:
-        extender.kill()
-        box.down()
+    with extender_box(folder, NODES, lambda node: build_topology(DGX_H100, VFS_PER_PF,
+                                                                 node=node)) as running:
+        yield running
 
 
 def job_pod(name: str, node: str, required: bool = False) -> dict:
