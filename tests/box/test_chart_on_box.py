@@ -7,14 +7,8 @@ doing their work. The chart's pods themselves run in test_chart_pods_box.py (dec
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import tempfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +21,7 @@ from railyard.discovery.profiles import DGX_H100
 from railyard.records.allocation import decode_allocation
 from support.box import get, kubebox, namespace, pod, running_box, wait_for
 from support.chart import CHART, MANIFESTS, NAMESPACE, documents, helm
+from support.local_railyard import free_port, post_json, start, stop
 
 pytestmark = [pytest.mark.box, pytest.mark.root, pytest.mark.slow]
 
@@ -183,38 +178,6 @@ def _rendered(kind: str, name: str) -> dict:
     return found
 
 
-def _start(argv: list[str], log: Path, **env: str) -> subprocess.Popen:
-    with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "railyard.cli.main", *argv],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **env})
-
-
-def _stop(process: subprocess.Popen, log: Path) -> str:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return log.read_text(errors="replace")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(port: int, path: str, body: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
-
-
 def test_agent_and_extender_do_their_work_with_the_charts_service_account_tokens(
         applied, tmp_path):
     """The agent (the chart's config file) publishes its node's NodeTopology; the extender,
@@ -234,15 +197,15 @@ def test_agent_and_extender_do_their_work_with_the_charts_service_account_tokens
     config.write_text(yaml.safe_dump(agent_config))
     agent_log, extender_log = tmp_path / "agent.log", tmp_path / "extender.log"
     kubelet_dir = Path(tempfile.mkdtemp(prefix="ry-"))  # socket paths: 107 bytes at most
-    agent = _start(["agent", "--node-name", node, "--sysfs-root", str(tree),
+    agent = start(["agent", "--node-name", node, "--sysfs-root", str(tree),
                     "--kubeconfig", str(_token_kubeconfig(box, "railyard-agent",
                                                           tmp_path / "agent.kubeconfig")),
                     "--kubelet-dir", str(kubelet_dir),
                     "--state-dir", str(tmp_path / "state"), "--config", str(config)], agent_log)
-    port = _free_port()
+    port = free_port()
     args = _rendered("Deployment", "railyard-extender")["spec"]["template"]["spec"][
         "containers"][0]["args"]
-    extender = _start([*(a for a in args if not a.startswith("--listen")),
+    extender = start([*(a for a in args if not a.startswith("--listen")),
                        "--listen", f"127.0.0.1:{port}",
                        "--kubeconfig", str(_token_kubeconfig(box, "railyard-extender",
                                                              tmp_path / "extender.kubeconfig"))],
@@ -263,11 +226,11 @@ def test_agent_and_extender_do_their_work_with_the_charts_service_account_tokens
         p = get(box, "pod", "paired", "-n", ns)
 
         def fits() -> bool:
-            return _post(port, "/filter", {"Pod": p, "NodeNames": [node]}).get(
+            return post_json(port, "/filter", {"Pod": p, "NodeNames": [node]}).get(
                 "NodeNames") == [node]
         wait_for("the extender to see the pod and the node fit", fits, timeout=60)
         m = p["metadata"]
-        answer = _post(port, "/bind", {"PodName": m["name"], "PodNamespace": ns,
+        answer = post_json(port, "/bind", {"PodName": m["name"], "PodNamespace": ns,
                                        "PodUID": m["uid"], "Node": node})
         assert not answer.get("Error"), answer
         bound = get(box, "pod", "paired", "-n", ns)
@@ -275,7 +238,7 @@ def test_agent_and_extender_do_their_work_with_the_charts_service_account_tokens
         allocation = decode_allocation(bound["metadata"]["annotations"][ALLOCATION_ANNOTATION])
         assert len(allocation.pairs) == 2
     finally:
-        logs = _stop(extender, extender_log) + _stop(agent, agent_log)
+        logs = stop(extender, extender_log) + stop(agent, agent_log)
         print(logs[-6000:])  # shown when the test fails
         shutil.rmtree(kubelet_dir, ignore_errors=True)
     assert "403" not in logs and "forbidden" not in logs.lower(), logs[-4000:]

@@ -8,12 +8,6 @@ record alone pass. Run by the lead with the other box tests (needs root)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +23,7 @@ from railyard.records.topology import topology_to_json
 from support.allocations import allocation, h100, vf
 from support.box import get, kubebox, namespace, pod, running_box, wait_for
 from support.chart import MANIFESTS, NAMESPACE, documents
+from support.local_railyard import free_port, get_json, post_json, start, stop
 
 pytestmark = [pytest.mark.box, pytest.mark.root, pytest.mark.slow]
 
@@ -121,6 +116,18 @@ def _as_alice(box: kubebox.Box, *args: str, input: str | None = None):
                         "--as=alice", *args], check=False, input=input)
 
 
+def _edits_refused_but_around(box: kubebox.Box, ns: str, name: str, annotation: str,
+                              other_value: str, refused: str) -> None:
+    """Alice may neither overwrite nor remove the pod's `annotation` (the policy says
+    `refused`), but may label the pod."""
+    for edit in (["annotate", "--overwrite", "pod", name, f"{annotation}={other_value}"],
+                 ["annotate", "pod", name, f"{annotation}-"]):
+        done = _as_alice(box, *edit, "-n", ns)
+        assert done.returncode != 0 and refused in done.stderr, (edit, done.stderr)
+    done = _as_alice(box, "label", "pod", name, "team=a", "-n", ns)
+    assert done.returncode == 0, done.stderr
+
+
 def test_the_extenders_bind_writes_the_record(box, world):
     owner = get(box, "pod", "owner", "-n", world["ns"])
     assert owner["spec"]["nodeName"] == "node-a"
@@ -154,13 +161,8 @@ def test_a_user_may_not_bind_with_a_record_or_edit_one_but_may_edit_around_it(bo
                                        "annotations": {ALLOCATION_ANNOTATION: _record()}},
                           "target": {"apiVersion": "v1", "kind": "Node", "name": "node-a"}}))
     assert done.returncode != 0 and REFUSED in done.stderr, done.stderr
-    for edit in (["annotate", "--overwrite", "pod", "owner",
-                  f"{ALLOCATION_ANNOTATION}={_record(decided_by='node')}"],
-                 ["annotate", "pod", "owner", f"{ALLOCATION_ANNOTATION}-"]):
-        done = _as_alice(box, *edit, "-n", ns)
-        assert done.returncode != 0 and REFUSED in done.stderr, (edit, done.stderr)
-    done = _as_alice(box, "label", "pod", "owner", "team=a", "-n", ns)
-    assert done.returncode == 0, done.stderr
+    _edits_refused_but_around(box, ns, "owner", ALLOCATION_ANNOTATION,
+                              _record(decided_by="node"), REFUSED)
     owner = get(box, "pod", "owner", "-n", ns)
     assert owner["metadata"]["annotations"][ALLOCATION_ANNOTATION] == _record()
 
@@ -245,17 +247,12 @@ def test_without_the_policy_a_copied_signed_record_is_ignored_by_the_extender(
     [deployment] = [o for o in documents(MANIFESTS.read_text())
                     if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "extender.log"
     extender_config = _as_token(box, tmp_path / "extender.kubeconfig", "railyard-extender")
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "railyard.cli.main",
-             *(a for a in args if not a.startswith("--listen")), "--listen",
-             f"127.0.0.1:{port}", "--kubeconfig", str(extender_config),
-             "--signing-key-file", str(key_file)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "POD_NAME": "forged-test"})
+    process = start([*(a for a in args if not a.startswith("--listen")), "--listen",
+                     f"127.0.0.1:{port}", "--kubeconfig", str(extender_config),
+                     "--signing-key-file", str(key_file)], log, POD_NAME="forged-test")
     try:
         wait_for("the extender to hold its Lease", lambda: box.kubectl(
             "get", "lease", "railyard-scheduler", "-n", NAMESPACE, "-o",
@@ -266,10 +263,10 @@ def test_without_the_policy_a_copied_signed_record_is_ignored_by_the_extender(
         owner["spec"]["containers"][0]["resources"] = {"limits": limits}
         box.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(owner))
         p = get(box, "pod", "signed-owner", "-n", ns)
-        wait_for("the extender to see the pod fit", lambda: _post(
+        wait_for("the extender to see the pod fit", lambda: post_json(
             port, "/filter", {"Pod": p, "NodeNames": [node]}).get("NodeNames") == [node],
             timeout=60)
-        answer = _post(port, "/bind", {"PodName": "signed-owner", "PodNamespace": ns,
+        answer = post_json(port, "/bind", {"PodName": "signed-owner", "PodNamespace": ns,
                                        "PodUID": p["metadata"]["uid"], "Node": node})
         assert not answer.get("Error"), answer
         record = get(box, "pod", "signed-owner", "-n", ns)["metadata"]["annotations"][
@@ -281,39 +278,13 @@ def test_without_the_policy_a_copied_signed_record_is_ignored_by_the_extender(
                     input=json.dumps(thief))
         wait_for("the extender to refuse the copied record", lambda: "did not make for this "
                  "pod" in log.read_text(errors="replace"), timeout=60)
-        held = {q["name"]: q for q in _get_json(port, "/allocations")["pods"]}
+        held = {q["name"]: q for q in get_json(port, "/allocations")["pods"]}
         assert "signed-owner" in held and "signed-thief" not in held
         owned = {n["pciAddress"] for pair in held["signed-owner"]["allocation"]["pairs"]
                  for n in [pair["nic"]]}
         assert owned == {pair["nic"]["pciAddress"] for pair in json.loads(record)["pairs"]}
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        print(log.read_text(errors="replace")[-6000:])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _post(port: int, path: str, body: dict) -> dict:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
-                                     data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        return json.loads(answer.read())
-
-
-def _get_json(port: int, path: str) -> dict:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
-        return json.loads(answer.read())
+        print(stop(process, log)[-6000:])
 
 
 KOORD_ANNOTATION = "scheduling.koordinator.sh/device-allocated"
@@ -368,12 +339,7 @@ def test_only_koordinators_scheduler_writes_device_allocated(box, koordinator_po
                             "-f", "-"], check=False, input=manifest.replace(
                                 "koord-forged", "koord-decided"))
     assert as_koord.returncode == 0, as_koord.stderr
-    for edit in (["annotate", "--overwrite", "pod", "koord-decided",
-                  f"{KOORD_ANNOTATION}={json.dumps({'gpu': []})}"],
-                 ["annotate", "pod", "koord-decided", f"{KOORD_ANNOTATION}-"]):
-        done = _as_alice(box, *edit, "-n", ns)
-        assert done.returncode != 0 and KOORD_REFUSED in done.stderr, (edit, done.stderr)
-    done = _as_alice(box, "label", "pod", "koord-decided", "team=a", "-n", ns)
-    assert done.returncode == 0, done.stderr
+    _edits_refused_but_around(box, ns, "koord-decided", KOORD_ANNOTATION,
+                              json.dumps({"gpu": []}), KOORD_REFUSED)
     kept = get(box, "pod", "koord-decided", "-n", ns)["metadata"]["annotations"]
     assert json.loads(kept[KOORD_ANNOTATION])["gpu"][0]["id"] == "GPU-0"
