@@ -449,16 +449,21 @@ class Agent:
         if self.health_changes is None or self.events is None:
             return
         news = self.health_changes.update(self.unhealthy, time.monotonic())
+        if news.unhealthy:
+            self._tell_node(WARNING, UNHEALTHY, unhealthy_message(news.unhealthy))
+        if news.healthy:
+            self._tell_node(NORMAL, HEALTHY, healthy_message(news.healthy))
+
+    def _tell_node(self, type_: str, reason: str, message: str) -> None:
+        """An Event on this agent's Node, sent in the background (no-op without events)."""
+        if self.events is None:
+            return
         node = self.options.node_name
         involved = {"apiVersion": "v1", "kind": "Node", "name": node}
-        for type_, reason, message in (
-                (WARNING, UNHEALTHY, unhealthy_message(news.unhealthy) if news.unhealthy else ""),
-                (NORMAL, HEALTHY, healthy_message(news.healthy) if news.healthy else "")):
-            if message:
-                self.events.send(event_body(involved, EVENTS_NAMESPACE, reason, message,
-                                            type_=type_, component=EVENT_COMPONENT,
-                                            instance=node, host=node, now=event_time()),
-                                 fill=self._node_uid_into)
+        self.events.send(event_body(involved, EVENTS_NAMESPACE, reason, message, type_=type_,
+                                    component=EVENT_COMPONENT, instance=node, host=node,
+                                    now=event_time()),
+                         fill=self._node_uid_into)
 
     async def _node_uid_into(self, body: dict) -> None:
         """The Node's uid into an Event's involvedObject, read once (nodes `get`)."""
@@ -540,14 +545,7 @@ class Agent:
                         f"(a VF returns to the host when the pod's network namespace goes, "
                         f"under the name the pod gave it)")
         log.warning("%s", message)
-        if self.events is None:
-            return
-        node = self.options.node_name
-        involved = {"apiVersion": "v1", "kind": "Node", "name": node}
-        self.events.send(event_body(involved, EVENTS_NAMESPACE, STATE_REBUILT, message,
-                                    type_=WARNING, component=EVENT_COMPONENT, instance=node,
-                                    host=node, now=event_time()),
-                         fill=self._node_uid_into)
+        self._tell_node(WARNING, STATE_REBUILT, message)
 
     async def look_for_dra(self) -> list[str]:
         """The DRA drivers with a ResourceSlice of this node that serve GPUs; when there
@@ -559,12 +557,7 @@ class Agent:
         if drivers:
             message = dra_message(drivers, self.config.resources.gpu, self.config.gpu_plugin)
             log.warning("%s", message)
-            if self.events is not None:
-                involved = {"apiVersion": "v1", "kind": "Node", "name": node}
-                self.events.send(event_body(involved, EVENTS_NAMESPACE, DRA_EVENT, message,
-                                            type_=WARNING, component=EVENT_COMPONENT,
-                                            instance=node, host=node, now=event_time()),
-                                 fill=self._node_uid_into)
+            self._tell_node(WARNING, DRA_EVENT, message)
         return drivers
 
     def _on_corrected(self, c: Correction) -> None:
