@@ -32,26 +32,22 @@ from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import DGX_H100
 from railyard.kube.client import Client
 from railyard.kube.config import load_kubeconfig
-from railyard.kube.nodetopology import CRD_NAME
 from railyard.kubelet.apipods import ApiPods
 from railyard.records.allocation import decode_allocation, encode_allocation
 from railyard.topology.model import NodeTopology
 from support.allocations import allocation, nearest_vf
-from support.box import get, kubebox, namespace, wait_for
+from support.box import get, install_topology_crd, kubebox, namespace, wait_for
 from support.fake_kubelet import FakeKubelet
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "deploy" / "crds" / "nodetopologies.railyard.dev.yaml"
 CMD = [sys.executable, "-m", "railyard.cli.main", "agent"]
 GPU, VF, PF = "nvidia.com/gpu", "railyard.dev/vf", "railyard.dev/pf"
 
 
 @pytest.fixture(scope="module")
 def crd(box):
-    box.kubectl("apply", "-f", str(CRD))
-    box.kubectl("wait", "--for", "condition=Established", "--timeout", "60s", f"crd/{CRD_NAME}")
+    install_topology_crd(box)
     return box
 
 

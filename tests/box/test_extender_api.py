@@ -33,18 +33,24 @@ from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import DGX_H100, build_topology, profile
 from railyard.kube.client import ApiError, Client
 from railyard.kube.config import load_kubeconfig
-from railyard.kube.nodetopology import CRD_NAME, publish
 from railyard.records.allocation import decode_allocation
 from railyard.scheduler.cluster_api import ClusterSync, PodBinder
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
-from support.box import get, kubebox, namespace, pod, wait_for
+from support.box import (
+    get,
+    install_topology_crd,
+    kubebox,
+    namespace,
+    pod,
+    publish_topologies,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.box, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "deploy" / "crds" / "nodetopologies.railyard.dev.yaml"
 PORT = 18888
 KWOK_NODES = 3
 VFS_PER_PF = 2  # dgx-h100: 8 RDMA PFs, so 16 VFs per node
@@ -103,15 +109,8 @@ def extender_box(folder: Path, nodes: int,
     box.up()
     extender = Extender(box, folder / "extender.log")
     try:
-        box.kubectl("apply", "-f", str(CRD))
-        box.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
-                    f"crd/{CRD_NAME}")
-
-        async def publish_all() -> None:
-            async with Client(load_kubeconfig(box.layout.admin_kubeconfig)) as client:
-                for i in range(nodes):
-                    await publish(client, topology_of(f"kwok-node-{i}"))
-        asyncio.run(publish_all())
+        install_topology_crd(box)
+        publish_topologies(box, (topology_of(f"kwok-node-{i}") for i in range(nodes)))
         extender.start()
         yield box, extender
     finally:

@@ -10,7 +10,6 @@ exist, so nothing else binds them. The box is this module's own.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -27,16 +26,19 @@ from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.discovery.discover import discover
 from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import DGX_H100
-from railyard.kube.client import Client
-from railyard.kube.config import load_kubeconfig
-from railyard.kube.nodetopology import CRD_NAME, publish
 from railyard.records.allocation import decode_allocation
-from support.box import get, kubebox, namespace, pod, wait_for
+from support.box import (
+    get,
+    install_topology_crd,
+    kubebox,
+    namespace,
+    pod,
+    publish_topologies,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.box, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "deploy" / "crds" / "nodetopologies.railyard.dev.yaml"
 NODE = "kwok-node-0"
 LEASE = "railyard-leader-test"
 LEASE_S, RENEW_S, RETRY_S = 6, 4, 1
@@ -93,15 +95,9 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     b = kubebox.Box(folder / "box", kwok_nodes=1)
     b.up()
     try:
-        b.kubectl("apply", "-f", str(CRD))
-        b.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
-                  f"crd/{CRD_NAME}")
-
-        async def publish_node() -> None:
-            async with Client(load_kubeconfig(b.layout.admin_kubeconfig)) as client:
-                tree = write_fixture(DGX_H100, folder / "tree", 2, node=NODE)
-                await publish(client, discover(tree).topology)
-        asyncio.run(publish_node())
+        install_topology_crd(b)
+        tree = write_fixture(DGX_H100, folder / "tree", 2, node=NODE)
+        publish_topologies(b, [discover(tree).topology])
         yield b
     finally:
         b.down()

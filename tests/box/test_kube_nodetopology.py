@@ -18,7 +18,7 @@ from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import DGX_H100, HGX_H100_4NIC
 from railyard.kube.client import Client
 from railyard.kube.config import load_kubeconfig
-from railyard.kube.nodetopology import CRD_NAME, Published, path_of, publish
+from railyard.kube.nodetopology import Published, path_of, publish
 from railyard.kube.objects import NodeTopologyObject
 from railyard.records.nodetopology_cr import (
     DeviceCounts,
@@ -30,17 +30,15 @@ from railyard.records.nodetopology_cr import (
     status_to_json,
 )
 from railyard.topology.model import NodeTopology
-from support.box import wait_for
+from support.box import install_topology_crd, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
-CRD = Path(__file__).resolve().parents[2] / "deploy" / "crds" / "nodetopologies.railyard.dev.yaml"
 
 
 @pytest.fixture(scope="module")
 def crd(box):
-    box.kubectl("apply", "-f", str(CRD))
-    box.kubectl("wait", "--for", "condition=Established", "--timeout", "60s", f"crd/{CRD_NAME}")
+    install_topology_crd(box)
     return box
 
 

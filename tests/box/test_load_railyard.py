@@ -22,14 +22,11 @@ from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import request_from_pod
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import build_topology, profile
-from railyard.kube.client import Client
-from railyard.kube.config import load_kubeconfig
-from railyard.kube.nodetopology import publish
 from railyard.kubelet.podresources import PodResourcesClient
 from railyard.node.state import StateStore
 from railyard.records.allocation import decode_allocation
 from railyard.records.nodetopology_cr import spec_from_resource, status_from_resource
-from support.box import get, kubebox, namespace, running_box, wait_for
+from support.box import get, kubebox, namespace, publish_topologies, running_box, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.box, pytest.mark.slow]
 
@@ -58,12 +55,7 @@ def kwok_names() -> list[str]:
 def publish_kwok_topologies(box) -> None:
     """kwok nodes have no agent: their NodeTopology CRs are written as an agent would."""
     base = build_topology(profile("dgx-h100"), vfs_per_pf=KWOK_VFS_PER_PF, node="x")
-
-    async def main() -> None:
-        async with Client(load_kubeconfig(box.layout.admin_kubeconfig)) as client:
-            for name in kwok_names():
-                await publish(client, dataclasses.replace(base, node=name))
-    asyncio.run(main())
+    publish_topologies(box, (dataclasses.replace(base, node=name) for name in kwok_names()))
 
 
 def shaped(name: str, gpus: int, vfs: int) -> dict:

@@ -1,8 +1,9 @@
 """The test box (hack/kubebox.py) and the few helpers its tests share: a throwaway namespace, a
-busybox pod, and waiting with a named timeout."""
+busybox pod, waiting with a named timeout, and NodeTopology CRs for nodes without an agent."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -10,12 +11,17 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+
+from railyard.kube.client import Client
+from railyard.kube.config import load_kubeconfig
+from railyard.kube.nodetopology import CRD_NAME, publish
+from railyard.topology.model import NodeTopology
 
 
 def _load_kubebox() -> ModuleType:
@@ -33,6 +39,7 @@ def _load_kubebox() -> ModuleType:
 
 kubebox = _load_kubebox()
 KWOK_NODES = 100  # the session box has these (tests/box/conftest.py)
+TOPOLOGY_CRD = Path(__file__).resolve().parents[2] / "deploy" / "crds" / f"{CRD_NAME}.yaml"
 
 
 @contextlib.contextmanager
@@ -130,3 +137,19 @@ def leftovers(box) -> dict[str, list[str]]:
         "folders": [str(p) for p in (lay.run_dir, lay.shm_dir) if p.exists()],
     }
     return {what: items for what, items in found.items() if items}
+
+
+def install_topology_crd(box) -> None:
+    """The NodeTopology CRD, applied and Established (the API serves it)."""
+    box.kubectl("apply", "-f", str(TOPOLOGY_CRD))
+    box.kubectl("wait", "--for", "condition=Established", "--timeout", "60s", f"crd/{CRD_NAME}")
+
+
+def publish_topologies(box, topologies: Iterable[NodeTopology]) -> None:
+    """Each node's NodeTopology CR as its agent would write it: for kwok nodes and Node
+    objects no agent serves."""
+    async def publish_all() -> None:
+        async with Client(load_kubeconfig(box.layout.admin_kubeconfig)) as client:
+            for topology in topologies:
+                await publish(client, topology)
+    asyncio.run(publish_all())
