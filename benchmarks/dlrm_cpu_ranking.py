@@ -18,7 +18,11 @@ the last event):
 - `ry+cpu-frag`: for a pod without GPUs, the node whose free CPUs and memory the pod
   fragments least — FGD's measure (Weng et al., ATC '23) applied to CPUs: a node's fragment
   for one task shape is its free CPUs when the shape does not fit there, weighed by the
-  shape's share of the run's CN arrivals — ties at random; the extender only filters.
+  shape's share of the run's CN arrivals — ties at random; the extender only filters;
+- `ry+frag-levels`: what an extender could send instead, for a pod without GPUs: its top
+  tier's four scores (7–10) by how much the pod grows that fragmentation (not at all, by up
+  to a quarter of its CPUs, up to all of them, more), with kube-scheduler's default scores
+  added as in `ry+k8s-least`.
 
     python benchmarks/dlrm_cpu_ranking.py --trace PATH [--seeds 0 1 2 3 4]
 """
@@ -44,7 +48,7 @@ from railyard.sim.trace import TracePod, load_trace
 from railyard.topology.model import NodeTopology
 
 EXTENDER_WEIGHT = 5  # deploy/kube-scheduler-config.yaml
-PROTOTYPES = ("ry+k8s-least", "ry+k8s-most", "ry+cpu-frag")
+PROTOTYPES = ("ry+k8s-least", "ry+k8s-most", "ry+cpu-frag", "ry+frag-levels")
 
 
 class RankedRailyard(RailyardPolicy):
@@ -64,14 +68,20 @@ class RankedRailyard(RailyardPolicy):
         fits = self.state.filter(request, nodes).fits
         if not fits:
             return Infeasible("no node fits")
+        pod = self.pod
         if self.ranking == "ry+cpu-frag":
             if request.gpus:
                 return super()._pick(request, fits)
-            rank = {n: -round(self._fragment(n, self.pod) - self._fragment(n, None), 9)
+            rank = {n: -round(self._fragment(n, pod) - self._fragment(n, None), 9)
                     for n in fits}
+        elif self.ranking == "ry+frag-levels":
+            if request.gpus:
+                return super()._pick(request, fits)
+            rank = {n: round(10 * EXTENDER_WEIGHT * (7 + self._level(n, pod))
+                             + self._k8s(n, pod), 9) for n in fits}
         else:
             extender = self.state.scores(request, fits)
-            rank = {n: round(10 * EXTENDER_WEIGHT * extender[n] + self._k8s(n, self.pod), 9)
+            rank = {n: round(10 * EXTENDER_WEIGHT * extender[n] + self._k8s(n, pod), 9)
                     for n in fits}
         best = max(rank.values())
         return self.rng.choice([n for n in fits if rank[n] == best])
@@ -87,6 +97,11 @@ class RankedRailyard(RailyardPolicy):
         fit = 50 * (cpu + mem) if self.ranking == "ry+k8s-most" else 50 * (2 - cpu - mem)
         balanced = 100 * (1 - abs(cpu - mem) / 2)  # 1 − standard deviation of the two
         return fit + balanced
+
+    def _level(self, node: str, pod: TracePod) -> int:
+        grown = self._fragment(node, pod) - self._fragment(node, None)
+        cpu = pod.cpu_milli
+        return 3 if grown <= 0 else 2 if grown <= cpu / 4 else 1 if grown <= cpu else 0
 
     def _fragment(self, node: str, pod: TracePod | None) -> float:
         r, cap = self.resources, self.resources.capacity[node]
