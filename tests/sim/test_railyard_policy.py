@@ -54,6 +54,38 @@ def test_spread_variant_is_the_same_allocator_with_spread_packing():
     assert a.node != b.node
 
 
+def _open_a_share_then_two_pairs(policy: RailyardPolicy) -> tuple[str, list[bool]]:
+    """Node a holds 6 of its 8 GPUs, node b 5: a one-GPU pod scores alike on both. A share
+    of 600 finds no shared GPU and opens one; then two 2-GPU pods arrive."""
+    a, b = policy.state.node_names()
+    for i in range(6):
+        assert isinstance(policy.place(f"a{i}", Request(gpus=1), [a]), Allocation)
+    for i in range(5):
+        assert isinstance(policy.place(f"b{i}", Request(gpus=1), [b]), Allocation)
+    scores = policy.state.scores(Request(gpus=1), [a, b])
+    assert scores[a] == scores[b]  # a tie the extender's score cannot break
+    share = policy.place("share", Request(gpus=1), gpu_milli=600)
+    assert isinstance(share, Allocation)
+    pairs = [policy.place(f"pair{i}", Request(gpus=2)) for i in range(2)]
+    return share.node, [isinstance(p, Allocation) for p in pairs]
+
+
+def test_a_share_opens_its_gpu_where_fragmentation_grows_least_among_best_scored_nodes():
+    """Decision 0098: opened on node a, the share would leave a with one whole free GPU,
+    too few for a 2-GPU pod (all of a's free milli a fragment for that shape), and only one
+    pair would fit; on b both fit. Without a workload the tie breaks at random, and some
+    seed loses a pair."""
+    topologies = list(cluster_from_spec("dgx-h100:2"))
+    workload = [(0, 2, 1000)] * 3 + [(0, 1, 600)]
+    for seed in range(8):
+        node, placed = _open_a_share_then_two_pairs(
+            RailyardPolicy(topologies, seed, workload=workload))
+        assert node == topologies[1].node and placed == [True, True]
+    at_random = [_open_a_share_then_two_pairs(RailyardPolicy(topologies, seed))[1]
+                 for seed in range(8)]
+    assert [True, False] in at_random
+
+
 def test_railyard_results_are_reproducible_in_one_process():
     topologies = list(cluster_from_spec("dgx-h100:2,dgx-a100:1,hgx-h100-4nic:1"))
     arrivals = draw_arrivals(load_trace("openb-multigpu20"), 32, seed=5)

@@ -51,25 +51,25 @@ def make_policy(name: str, topologies: Sequence[NodeTopology], seed: int,
                 reserve: int = DEFAULT_RESERVE,
                 workload: Sequence[Arrival] = ()) -> Policy:
     """A fresh policy; `workload`: the arrivals whose task shapes FGD targets (without
-    them it learns shapes as pods arrive)."""
+    them it learns shapes as pods arrive), and Railyard's share rule too (decision 0098)."""
     if name in BASELINES:
         return BASELINES[name](topologies, seed)
+    shapes = [(a.pod.cpu_milli, a.request.gpus, share_of(a.pod)) for a in workload]
     if name == "fgd":
         from railyard.sim.fgd import FgdPolicy
 
-        return FgdPolicy(topologies, seed, [(a.pod.cpu_milli, a.request.gpus, share_of(a.pod))
-                                            for a in workload])
+        return FgdPolicy(topologies, seed, shapes)
     # Imported here: the baselines need nothing from the extender.
     from railyard.sim.railyard_policy import RailyardPolicy
 
     if name == "railyard":
-        return RailyardPolicy(topologies, seed)
+        return RailyardPolicy(topologies, seed, workload=shapes)
     if name == "railyard-spread":
-        policy = RailyardPolicy(topologies, seed, packing="spread")
+        policy = RailyardPolicy(topologies, seed, packing="spread", workload=shapes)
         policy.name = name
         return policy
     if name == "railyard-reserve":
-        policy = RailyardPolicy(topologies, seed, idle_reserve=reserve)
+        policy = RailyardPolicy(topologies, seed, idle_reserve=reserve, workload=shapes)
         policy.name = name
         return policy
     raise PolicyError(f"unknown policy {name!r}")
