@@ -71,6 +71,11 @@ class RailyardPolicy:
 
     def _pick(self, request: Request, nodes: Sequence[str]) -> str | Infeasible:
         """The node kube-scheduler binds to: filter, score, the best (ties at random)."""
+        best = self._best_scored(request, nodes)
+        return best if isinstance(best, Infeasible) else self.rng.choice(best)
+
+    def _best_scored(self, request: Request, nodes: Sequence[str]) -> list[str] | Infeasible:
+        """The nodes that fit and share the extender's best score, in filter's order."""
         outcome = self.state.filter(request, nodes)
         if not outcome.fits:
             reasons = {**outcome.failed, **outcome.unresolvable}
@@ -78,7 +83,7 @@ class RailyardPolicy:
             return Infeasible(f"no node fits ({len(reasons)} rejected; e.g. {first})")
         scores = self.state.scores(request, outcome.fits)
         best = max(scores.values())
-        return self.rng.choice([n for n in outcome.fits if scores[n] == best])
+        return [n for n in outcome.fits if scores[n] == best]
 
     def _pick_to_open(self, request: Request, nodes: Sequence[str],
                       milli: int) -> str | Infeasible:
@@ -87,14 +92,9 @@ class RailyardPolicy:
         `sim.fgd`) grows least when a whole GPU becomes a share of `milli`; then at random
         (decision 0098). The score, not fragmentation, comes first: it keeps idle nodes and
         GPUs near NICs for the multi-GPU pods that pair them."""
-        outcome = self.state.filter(request, nodes)
-        if not outcome.fits:
-            reasons = {**outcome.failed, **outcome.unresolvable}
-            first = next(iter(reasons.values()), "no nodes")
-            return Infeasible(f"no node fits ({len(reasons)} rejected; e.g. {first})")
-        scores = self.state.scores(request, outcome.fits)
-        best = max(scores.values())
-        tied = [n for n in outcome.fits if scores[n] == best]
+        tied = self._best_scored(request, nodes)
+        if isinstance(tied, Infeasible):
+            return tied
         if len(tied) > 1 and self.workload.counts:
             growth = {n: self._fragmentation_growth(n, milli) for n in tied}
             least = min(growth.values())
