@@ -8,8 +8,17 @@ not inside a package on the import path.
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 from support.agent import make_tree
+
+# Every property test of the suite: no per-example deadline (hypothesis' 200 ms default
+# fails a run when a loaded runner is slow, which says nothing of the code; a test that
+# bounds time times itself), and a failure prints the blob that replays it
+# (`@reproduce_failure`), since CI draws new examples on every run. Tests and the fuzz
+# profile set their own example counts on top of it.
+settings.register_profile("railyard", deadline=None, print_blob=True)
+settings.load_profile("railyard")
 
 
 @pytest.fixture(scope="session")
