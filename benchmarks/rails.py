@@ -13,10 +13,14 @@ per mode, in the same run:
 - `required`: the same, with the `rails: required` hint.
 
 Per mode: the p50, p99 and max of the per-pod decision time, and the share of jobs whose bound
-pods all hold one rail sequence.
+pods all hold one rail sequence. `--clock cpu` times with the process's CPU time instead of
+the wall clock (a shared machine's other work then counts less); `--runs N` repeats the
+three modes N times, interleaved (no-rails, preferred, required, no-rails, ...), and reports
+per mode the median over the runs of each figure, with each run's p99 beside it.
 
     python benchmarks/rails.py                  # markdown table on stdout
     python benchmarks/rails.py --jobs 100 --spec dgx-h100:200
+    python benchmarks/rails.py --clock cpu --runs 3
 """
 
 from __future__ import annotations
@@ -64,10 +68,14 @@ def gangs(rng: random.Random, jobs: int) -> list[tuple[str, Request]]:
     return out
 
 
+MODES = ("no-rails", "preferred", "required")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
 def decide(state: ClusterState, names: list[str], uid: str, job: str | None,
-           request: Request) -> tuple[float, Allocation | None]:
+           request: Request, clock=time.perf_counter) -> tuple[float, Allocation | None]:
     """filter → prioritize → bind for one pod, as the extender does; (seconds, the record)."""
-    t0 = time.perf_counter()
+    t0 = clock()
     asked = state.job_request(request, job)
     fits = state.filter(asked, names, uid=uid).fits
     result: Allocation | None = None
@@ -76,10 +84,11 @@ def decide(state: ClusterState, names: list[str], uid: str, job: str | None,
         best = max(fits, key=lambda n: scores.get(n, 0))
         got = state.bind(uid, "bench", uid, best, state.job_request(request, job), job=job)
         result = got if isinstance(got, Allocation) else None
-    return time.perf_counter() - t0, result
+    return clock() - t0, result
 
 
-def run_mode(mode: str, spec: str, seed: int, jobs: int) -> dict[str, float]:
+def run_mode(mode: str, spec: str, seed: int, jobs: int,
+             clock=time.perf_counter) -> dict[str, float]:
     rng = random.Random(seed)
     state = ClusterState(cluster_from_spec(spec).topologies)
     fill(state, rng, 0.5)
@@ -91,7 +100,7 @@ def run_mode(mode: str, spec: str, seed: int, jobs: int) -> dict[str, float]:
         if mode == "required":
             request = replace(request, rail_policy="required")
         seconds, alloc = decide(state, names, f"pod-{k}", None if mode == "no-rails" else job,
-                                request)
+                                request, clock)
         times.append(seconds)
         if alloc is not None:
             held.setdefault(job, []).append(alloc.rails)
@@ -107,17 +116,31 @@ def main() -> None:
     ap.add_argument("--spec", default=SPEC)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--seed", type=int, default=17)
+    ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                    help="wall: time.perf_counter; cpu: time.process_time")
+    ap.add_argument("--runs", type=int, default=1, help="repeat the modes, interleaved")
+    ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
     a = ap.parse_args()
-    results = {m: run_mode(m, a.spec, a.seed, a.jobs) for m in ("no-rails", "preferred",
-                                                                   "required")}
-    base = results["no-rails"]["p99"]
-    print(f"{a.spec}, {a.jobs} jobs (seed {a.seed}); Python {sys.version.split()[0]}, "
-          f"{platform.machine()}, {os.cpu_count()} CPUs\n")
-    print("| mode | pods | p50 ms | p99 ms | max ms | p99 / no-rails | jobs on one sequence |")
-    print("|---|---|---|---|---|---|---|")
-    for m, r in results.items():
+    modes = [m for m in a.modes.split(",") if m]
+    if unknown := set(modes) - set(MODES):
+        ap.error(f"unknown modes {sorted(unknown)}")
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    for _ in range(a.runs):
+        for m in modes:
+            runs[m].append(run_mode(m, a.spec, a.seed, a.jobs, CLOCKS[a.clock]))
+    med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
+    base = med["no-rails"]["p99"] if "no-rails" in med else None
+    print(f"{a.spec}, {a.jobs} jobs (seed {a.seed}), clock {a.clock}, {a.runs} run(s); "
+          f"Python {sys.version.split()[0]}, {platform.machine()}, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}\n")
+    print("| mode | pods | p50 ms | p99 ms (median) | p99 ms per run | max ms | "
+          "p99 / no-rails | jobs on one sequence |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m, r in med.items():
+        each = ", ".join(f"{1e3 * x['p99']:.2f}" for x in runs[m])
+        ratio = f"{r['p99'] / base:.2f}×" if base else "–"
         print(f"| {m} | {r['pods']:.0f} | {1e3 * r['p50']:.2f} | {1e3 * r['p99']:.2f} | "
-              f"{1e3 * r['max']:.2f} | {r['p99'] / base:.2f}× | {r['consistent']:.2f} |")
+              f"{each} | {1e3 * r['max']:.2f} | {ratio} | {r['consistent']:.2f} |")
 
 
 if __name__ == "__main__":
