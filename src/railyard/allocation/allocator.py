@@ -18,8 +18,9 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from railyard.allocation.explain import budget_refusal, explain
+from railyard.allocation.explain import budget_refusal, explain, rails_reason
 from railyard.allocation.ledger import Ledger
+from railyard.allocation.outlook import RailOutlook
 from railyard.allocation.request import Request
 from railyard.allocation.search import (
     SEARCH_BUDGET,
@@ -87,6 +88,12 @@ class Allocator:
         # CPUs worked out, in shape indices (so valid for every node of the shape).
         self._plans: dict[tuple, _Plan | Refusal] = {}
         self._scores: dict[tuple, int] = {}
+        self._last_spec: tuple[Request, Spec] | None = None
+        # Group key -> its rail outlook (computed once per free state; docs/rails.md).
+        self._outlooks: dict[tuple, RailOutlook] = {}
+        # (wanted rails, free rails) -> the refusal counting proves for a required sequence:
+        # one object (and one reason string) for every group with those free rails.
+        self._rail_refusals: dict[tuple, Refusal] = {}
         # Memo keys a feasibility-only search proved to fit (`fits`), best choice unknown.
         self._feasible: set[tuple] = set()
         # (memo key, budget) -> the refusal of a decision that spent that budget: the search
@@ -226,6 +233,124 @@ class Allocator:
             return False
         finally:
             self.explored += budget.used
+
+    @staticmethod
+    def coarse_rail_bound(plain: int, request: Request) -> int:
+        """`rail_score_bound(plain, request)`: the bound from the plain score alone."""
+        return rail_score_bound(plain, request)
+
+    def rail_outlook(self, topology: NodeTopology, ledger: Ledger | None) -> RailOutlook:
+        """The node's rail outlook (`allocation.outlook`), once per free state. Never
+        searches; any thread may ask."""
+        shape = self.shape(topology)
+        group = self.group_key(topology, ledger)
+        known = self._outlooks.get(group)
+        if known is None:
+            free = empty_state(shape) if ledger is None else free_state(shape, ledger,
+                                                                        group[1])
+            known = RailOutlook.of(shape, free, group)
+            if len(self._outlooks) >= _MEMO_LIMIT:
+                self._outlooks.clear()
+            self._outlooks[group] = known
+        return known
+
+    def _spec(self, request: Request) -> Spec:
+        """`Spec.of(request)`, kept for the last request asked about (requests are frozen):
+        a question about many groups builds it once."""
+        last = self._last_spec
+        if last is not None and last[0] is request:
+            return last[1]
+        spec = Spec.of(request)
+        self._last_spec = (request, spec)
+        return spec
+
+    def rail_fits_known(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
+                        plain_fits: bool, search: bool = True) -> bool | Refusal | None:
+        """`fits` for a `rails: required` sequence on the node of `outlook`, given whether
+        the request without the sequence fits there (`plain_fits`), without searching the
+        node — for the requests `search.fits_by_counts` answers, by the outlook's counts per
+        rail: True; the refusal (one object per wanted and free rails, or the empty node's
+        when the sequence cannot fit the shape at all); False when the pod does not fit
+        without the sequence and the refusal is that one. None: the outlook cannot say (the
+        caller asks `fits`), or, without `search`, the empty node is not decided yet."""
+        spec = self._spec(request)
+        counted = outlook.required_fits(spec)
+        if counted is None or (counted and plain_fits):
+            return counted
+        shape = self.shape(topology)
+        empty = (shape.id, _EMPTY_SIGNATURE, ())
+        if self._memo.get((empty, request.search_shape)) is None and fits_by_counts(
+                shape, empty_state(shape), spec):
+            ideal: Choice | Refusal | None = None  # fits the empty node: no search for it
+        else:
+            ideal = self._decide(shape, empty, None, request, search)
+            if ideal is None or (isinstance(ideal, Refusal) and ideal.search_budget_spent):
+                return None
+        if isinstance(ideal, Refusal):
+            return ideal  # the shape cannot keep the sequence: what every node of it says
+        if not plain_fits:
+            return False
+        key = (spec.rails, outlook.free_rails)
+        refusal = self._rail_refusals.get(key)
+        if refusal is None:
+            if len(self._rail_refusals) >= _MEMO_LIMIT:
+                self._rail_refusals.clear()
+            refusal = self._rail_refusals[key] = Refusal(
+                rails_reason(spec.rails, outlook.free_rails))
+        return refusal
+
+    def rail_score_bound(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
+                         plain: int, search: bool = True) -> int | None:
+        """An upper bound of `node_score(request)` on the node of `outlook`, for a request
+        with a rail sequence, from `plain`, the node's score without the sequence: what
+        lets the extender score exactly only the nodes that might win (docs/rails.md,
+        "Cost"). Tighter than `rail_score_bound(plain, request)` where the memo holds the
+        answer without the sequence: the node can equal the empty node with the sequence
+        (its upper tier) only when its answer without the sequence is no worse than that
+        empty node's (the sequence only adds mismatches or, required, removes choices) and
+        the outlook does not prove more mismatches than the empty node has. Searches only
+        for the empty node of the shape with the sequence (once per shape and sequence;
+        None when that is needed without `search`)."""
+        coarse = rail_score_bound(plain, request)
+        spec = self._spec(request)
+        if plain == 0 or not spec.rails:
+            return coarse if spec.rails else plain
+        shape = self.shape(topology)
+        decided = self._memo.get((outlook.group, replace(request, rails=()).search_shape))
+        if not isinstance(decided, Choice):
+            return coarse
+        if _keeps_rails(shape, decided, request) and (
+                (outlook.group, request.search_shape) in self._memo):
+            return coarse  # about to be exact at no cost: nothing to gain here
+        ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request, search)
+        if ideal is None:
+            return None
+        if isinstance(ideal, Refusal):
+            # Nothing with the sequence fits the empty node: nor this one (required); a
+            # spent budget says nothing.
+            return 0 if not ideal.search_budget_spent and spec.rails_required else coarse
+        worst = decided.key[0]
+        if spec.rails_required:
+            while worst < Distance.SYS and outlook.misses_at_least(spec, worst):
+                worst += 1  # the sequence's worst pair is at least this
+            if outlook.misses_at_least(spec, worst):
+                return 0
+            same = decided.key[:6] <= ideal.key[:6] and worst <= ideal.key[0]
+        else:
+            same = (decided.key[:6] <= (ideal.key[0], 0, *ideal.key[2:6])
+                    and outlook.misses_at_least(spec, worst) <= ideal.key[1])
+        preferred = request.scored_preference
+        if worst <= Distance.PIX:
+            tier = 5 if same else 4
+        elif worst <= Distance.PXB:
+            tier = 3 if same else 2
+        elif preferred is not None and worst > preferred:
+            tier = 0
+        else:
+            tier = 1
+        low, levels = (_BANDS if preferred is None else _PREFERRED_BANDS)[tier]
+        return min(coarse, low + _packing(self.packing, levels, shape, outlook.group[1],
+                                          request))
 
     def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
                     search: bool) -> int | None:
@@ -388,6 +513,27 @@ _BANDS = {5: (7, 4), 4: (5, 2), 3: (3, 2), 2: (2, 1), 1: (1, 1)}
 # the preference, 0 = it does not. The room comes from tier 3's packing levels: ranking by
 # the preference the pod asked for is worth more than grading PXB nodes by fullness.
 _PREFERRED_BANDS = {5: (7, 4), 4: (5, 2), 3: (4, 1), 2: (3, 1), 1: (2, 1), 0: (1, 1)}
+
+
+def rail_score_bound(plain: int, request: Request) -> int:
+    """An upper bound of a node's `node_score` for `request` with its job's rail sequence
+    (preferred or required), from the node's score for it without one (`plain`).
+
+    The sequence never improves the worst pair (preferred: the same one, item 2 comes
+    before the rails; required: only fewer choices), and packing does not depend on it, so
+    the node stays in its band or falls below it. Within a band it may rise from the lower
+    tier ("worse than the empty node") to the upper one: the empty node it is compared with
+    is held to the same sequence, and may be worse off with it than without. So a score in
+    tier 4 or 2 is bounded by the top of tier 5 or 3; any other score by itself. 0 (the pod
+    does not fit) stays 0."""
+    bands = _BANDS if request.scored_preference is None else _PREFERRED_BANDS
+    for tier, (low, levels) in bands.items():
+        if low <= plain < low + levels:
+            if tier in (4, 2):
+                top, top_levels = bands[tier + 1]
+                return top + top_levels - 1
+            return plain
+    return plain
 
 
 def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,

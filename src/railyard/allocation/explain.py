@@ -8,6 +8,7 @@ the reason falls back to a plainer one (still true: the search proved that nothi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from railyard.allocation.request import Request
@@ -140,14 +141,21 @@ def _distance_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
 
 def _rails_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
     """`rails: required` (docs/rails.md): the sequence wanted, and the rails free here."""
-    wanted = ", ".join("any" if r < 0 else str(r) for r in spec.rails)
     have = sorted({shape.pf_rail[j] for j in range(len(shape.pfs))
                    if (free.vfs[j] or free.whole_ok[j]) and shape.pf_rail[j] >= 0})
-    return (f"rails required: the job's pairs want rails {wanted} in pair order but the free "
-            f"NICs here are on " + (f"rails {', '.join(map(str, have))}" if have
+    return rails_reason(spec.rails, have, spec.max_distance)
+
+
+def rails_reason(wanted: Sequence[int], free_rails: Sequence[int],
+                 max_distance: int = Distance.SYS) -> str:
+    """The reason a required sequence (`wanted`, −1 for any) does not fit where the free
+    NICs are on `free_rails` (ascending)."""
+    want = ", ".join("any" if r < 0 else str(r) for r in wanted)
+    return (f"rails required: the job's pairs want rails {want} in pair order but the free "
+            f"NICs here are on " + (f"rails {', '.join(map(str, free_rails))}" if free_rails
                                    else "no known rail")
-            + (f" within {Distance(spec.max_distance).name}"
-               if spec.max_distance < Distance.SYS else ""))
+            + (f" within {Distance(max_distance).name}"
+               if max_distance < Distance.SYS else ""))
 
 
 def _single_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:

@@ -13,6 +13,7 @@ while it searched; otherwise it searches again.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import operator
 import threading
@@ -45,9 +46,6 @@ _BIND_TRIES = 3
 # call. Groups left once it is spent are answered "not decided" (never kept); the next call
 # goes on from what the memo holds by then.
 CALL_BUDGET = 2 * SEARCH_BUDGET
-# Non-idle groups whose score with a pod's preferred rail sequence is searched exactly, the
-# best by their plain score (`ClusterState._rail_scores`; docs/benchmarks.md, "Rails").
-RAIL_SCORED_GROUPS = 8
 
 
 class NodeAllocator(Protocol):
@@ -85,11 +83,12 @@ class _Group:
     (docs/decisions/0028).
     """
 
-    __slots__ = ("__weakref__", "answers", "key")
+    __slots__ = ("__weakref__", "answers", "key", "outlook")
 
     def __init__(self, key: Hashable) -> None:
         self.key = key
         self.answers: dict[tuple, _Answer] = {}
+        self.outlook: object | None = None  # the allocator's rail outlook, once asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +109,8 @@ class NeedsSearch(Exception):
 
 # Stands for the refusal of names without a topology (`unknown_node_reason`).
 _UNKNOWN = Refusal("unknown node", unresolvable=True)
+_UNRESOLVABLE = operator.attrgetter("unresolvable")
+_REASON = operator.attrgetter("reason")
 
 
 class _Node:
@@ -559,13 +560,23 @@ class ClusterState:
         shape = request.shape
         mark = self.search_mark()
         refusals: dict[_Group | None, Refusal | None] = {}
+        # A required sequence is answered from each group's rail outlook where it can be
+        # (`_required_by_outlook`): a new sequence then costs no search per group.
+        by_outlook = (request.wanted_rails and request.rail_policy == "required"
+                      and hasattr(self.allocator, "rail_fits_known"))
+        plain = replace(request, rails=()) if by_outlook else request
         for g, member in some_member.items():
             known = g.answers.get(shape)  # the common case, without a call
             if known is None or known.fits is None:
                 if self.over_budget(mark):
                     refusals[g] = self._deferred()
                     continue
-                known = self._answer(g, member, request, shape, score=False, search=search)
+                if by_outlook:
+                    known = self._required_by_outlook(g, member, request, shape, plain,
+                                                      search)
+                if known is None or known.fits is None:
+                    known = self._answer(g, member, request, shape, score=False,
+                                         search=search)
             refusals[g] = known.refusal
         if None in of_name:
             refusals[None] = _UNKNOWN
@@ -578,8 +589,19 @@ class ClusterState:
             out.fits = self._keep_reserve(request, out.fits, out.unresolvable)
         if len(out.fits) == len(names):
             return out
-        for name, refusal in itertools.compress(zip(names, of, strict=True),
-                                                map(operator.not_, good)):
+        bad = list(map(operator.not_, good))
+        if not any(r is _UNKNOWN or (r is not None and r.node_has is not None)
+                   for r in refusals.values()):
+            # Every reason is one string for all its nodes: no per-name work in Python.
+            bad_of = list(itertools.compress(of, bad))
+            bad_names = list(itertools.compress(names, bad))
+            hard = list(map(_UNRESOLVABLE, bad_of))
+            texts = list(map(_REASON, bad_of))
+            out.unresolvable.update(itertools.compress(zip(bad_names, texts, strict=True), hard))
+            out.failed.update(itertools.compress(zip(bad_names, texts, strict=True),
+                                                 map(operator.not_, hard)))
+            return out
+        for name, refusal in itertools.compress(zip(names, of, strict=True), bad):
             assert refusal is not None
             if refusal is _UNKNOWN:
                 out.unresolvable[name] = unknown_node_reason(name)
@@ -588,6 +610,24 @@ class ClusterState:
             else:
                 out.failed[name] = refusal.text(name)
         return out
+
+    def _required_by_outlook(self, g: _Group, member: str, request: Request, shape: tuple,
+                             plain: Request, search: bool) -> _Answer | None:
+        """Whether a pod with a `rails: required` sequence fits group `g`, from the answer
+        without the sequence and the group's rail outlook (`Allocator.rail_fits_known`);
+        None where those cannot say (the caller asks the allocator)."""
+        without = self._answer(g, member, plain, plain.shape, score=False, search=search)
+        if without.fits is None or (without.refusal is not None
+                                    and without.refusal.search_budget_spent):
+            return None
+        said = self.allocator.rail_fits_known(  # type: ignore[attr-defined]
+            self.topology(member), self._outlook(g, member), request, without.fits, search)
+        if said is None:
+            return None
+        if said is True:
+            return self._keep(g, shape, fits=True)
+        return self._keep(g, shape, fits=False,
+                          refusal=without.refusal if said is False else said)
 
     def idle_whole_nodes(self) -> int:
         """Nodes of RESERVE_GPUS GPUs or more with nothing held: what the reserve keeps."""
@@ -629,11 +669,19 @@ class ClusterState:
             return {name: 10 if name == held.node else 0 for name in names}
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
-        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
-            return self._rail_scores(request, names, uid, search)
         of_name, some_member = self._grouped(names)
+        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
+            score = self._rail_scores(request, some_member, search)
+        else:
+            score = self._group_scores(request, some_member, search)
+        score[None] = 0
+        return dict(zip(names, map(score.__getitem__, of_name), strict=True))
+
+    def _group_scores(self, request: Request, some_member: dict[_Group, str],
+                      search: bool) -> dict[_Group | None, int]:
+        """The score of each group (`some_member`: one node of each)."""
         shape = request.shape
-        score: dict[_Group | None, int] = {None: 0}
+        score: dict[_Group | None, int] = {}
         mark = self.search_mark()
         for g, member in some_member.items():
             known = g.answers.get(shape)  # the common case, without a call
@@ -644,42 +692,81 @@ class ClusterState:
                 known = self._answer(g, member, request, shape, score=True, search=search)
             assert known.score is not None
             score[g] = known.score
-        return dict(zip(names, map(score.__getitem__, of_name), strict=True))
+        return score
 
-    def _rail_scores(self, request: Request, names: list[str], uid: str | None,
-                     search: bool) -> dict[str, int]:
+    def _rail_scores(self, request: Request, some_member: dict[_Group, str],
+                     search: bool) -> dict[_Group | None, int]:
         """Scores for a pod with a rail sequence (docs/rails.md), bounded: each new
-        sequence is a search per group, so the exact score with the sequence is asked only
-        of the idle nodes' groups (one per shape) and of the RAIL_SCORED_GROUPS groups the
-        plain scores rank highest; every other node keeps its plain score, capped below the
-        best exact one (it is not known to keep the rails) — under `required`, only where
-        the pod fits with its sequence (filter's answer), 0 elsewhere."""
-        plain = self.scores(replace(request, rails=()), names, uid=uid, search=search)
+        sequence may cost a search per group, so the exact score with the sequence is asked
+        only of the groups that might win. A group's score without the sequence bounds the
+        one with it (`allocator.rail_score_bound`, tightened per group from its rail outlook
+        when that is needed); groups are scored exactly best bound first, until no group
+        left could beat the best exact score. Every other node keeps its plain score,
+        capped one below that best (it is not known to keep the rails, so it never outranks
+        a node that is) — under `required` only where the pod fits with its sequence
+        (filter's answer), 0 elsewhere. So the best-scored nodes score what the exact
+        question would give them, and no node would score higher with it."""
+        plain = self._group_scores(replace(request, rails=()), some_member, search)
         required = request.rail_policy == "required"
-        of_name, some_member = self._grouped(names)
         shape = request.shape
-        ranked = sorted(some_member.items(), key=lambda gm: -plain[gm[1]])
+        coarse = getattr(type(self.allocator), "coarse_rail_bound", None)
+        fine = getattr(self.allocator, "rail_score_bound", None)
         exact: dict[_Group | None, int] = {}
-        searched = 0
-        for g, member in ranked:
-            if plain[member] == 0:  # does not fit: a sequence cannot change that
+        # (−bound, order, refined, group, member): a heap, best bound first.
+        pending: list[tuple[int, int, bool, _Group, str]] = []
+        for k, (g, member) in enumerate(some_member.items()):
+            p = plain[g]
+            if p == 0:  # does not fit: a sequence cannot change that
                 exact[g] = 0
                 continue
-            if g is not self._nodes[member].empty:
-                if searched >= RAIL_SCORED_GROUPS:
-                    if required and not self._answer(g, member, request, shape, score=False,
-                                                     search=search).fits:
-                        exact[g] = 0
-                    continue
-                searched += 1
             known = g.answers.get(shape)
-            if known is None or known.score is None:
-                known = self._answer(g, member, request, shape, score=True, search=search)
+            if known is not None and known.score is not None:
+                exact[g] = known.score
+            else:
+                pending.append((-(10 if coarse is None else coarse(p, request)), k,
+                                fine is None, g, member))
+        best = max(exact.values(), default=0)
+        heapq.heapify(pending)
+        while pending and -pending[0][0] > best:
+            neg, k, refined, g, member = heapq.heappop(pending)
+            if not refined:
+                assert fine is not None
+                tight = fine(self.topology(member), self._outlook(g, member), request,
+                             plain[g], search)
+                if tight is None:
+                    raise NeedsSearch
+                if tight < -neg:
+                    heapq.heappush(pending, (-tight, k, True, g, member))
+                    continue
+            known = self._answer(g, member, request, shape, score=True, search=search)
             assert known.score is not None
             exact[g] = known.score
-        cap = max(max(exact.values(), default=2) - 1, 1)
-        return {name: exact[g] if g in exact else min(plain[name], cap)
-                for name, g in zip(names, of_name, strict=True)}
+            best = max(best, known.score)
+        if required:
+            for _, _, _, g, member in pending:
+                if g not in exact and not self._answer(g, member, request, shape,
+                                                       score=False, search=search).fits:
+                    exact[g] = 0
+        cap = max(best - 1, 1)
+        return {g: exact[g] if g in exact else min(plain[g], cap) for g in some_member}
+
+    def _outlook(self, g: _Group, member: str) -> object:
+        """The allocator's rail outlook of group `g` (`member` is one of its nodes): kept on
+        the group, so it is worked out once per free state."""
+        if g.outlook is not None:
+            return g.outlook
+        node = self._nodes[member]
+        if g is node.empty:
+            outlook = self.allocator.rail_outlook(node.topology, None)  # type: ignore[attr-defined]
+        else:
+            with node.lock:
+                if self._group_of_name.get(member) is not g or node.ledger is None:
+                    # Moved meanwhile: the outlook of where it is now, not kept on `g`.
+                    return self._outlook(self._group_of_name[member], member)
+                outlook = self.allocator.rail_outlook(  # type: ignore[attr-defined]
+                    node.topology, node.ledger)
+        g.outlook = outlook
+        return outlook
 
     # ------------------------------------------------------------------ changes
 

@@ -1,0 +1,86 @@
+"""A group's rail outlook: what its free state offers on each rail (docs/rails.md, "Cost").
+
+Computed once per free state (the allocator keeps it beside its memo, by group key), it
+answers, without a search, the two questions a job's rail sequence asks of every group:
+
+- how many pairs of a sequence must miss their rail at a given worst pair (a lower bound),
+  which bounds the node's score with the sequence from above (`Allocator.rail_score_bound`);
+- whether a `rails: required` sequence fits the plainest requests (the counts of
+  `search.fits_by_counts`), and which rails the free NICs are on (the refusal's reason).
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from railyard.allocation.search import Spec
+from railyard.allocation.shape import FreeState, NodeShape
+from railyard.topology.model import Distance
+
+
+@dataclass(frozen=True, slots=True)
+class RailOutlook:
+    """Per rail, the free VFs of the default pool and how near the free GPUs are to them."""
+
+    group: tuple  # the allocator's group key (shape id, signature, odd used VFs)
+    free_gpus: int  # how many GPUs are free
+    vfs_on: dict[int, int]  # rail -> free VFs (default pool) on its PFs; known rails only
+    # rail -> per free GPU, its distance class to the nearest PF on that rail with a free
+    # VF, ascending (a GPU with none there is left out).
+    reach: dict[int, tuple[int, ...]]
+    # The rails of the PFs with a free VF or free whole (what a refusal names), ascending.
+    free_rails: tuple[int, ...]
+    plain_pool: bool  # one VF pool: `vfs_on` is what a VF without a bandwidth share sees
+
+    @classmethod
+    def of(cls, shape: NodeShape, free: FreeState, group: tuple) -> RailOutlook:
+        vfs_on: dict[int, int] = {}
+        reach: dict[int, list[int]] = {}
+        free_pfs = [j for j, n in enumerate(free.vfs) if n > 0 and shape.pf_rail[j] >= 0]
+        for j in free_pfs:
+            rail = shape.pf_rail[j]
+            vfs_on[rail] = vfs_on.get(rail, 0) + free.vfs[j]
+        gpus = [i for i in range(len(shape.gpus)) if (free.gpus >> i) & 1]
+        for rail in vfs_on:
+            on = [j for j in free_pfs if shape.pf_rail[j] == rail]
+            reach[rail] = sorted(min(shape.dist[i][j] for j in on) for i in gpus)
+        free_rails = tuple(sorted({shape.pf_rail[j] for j in range(len(shape.pfs))
+                                   if (free.vfs[j] or free.whole_ok[j])
+                                   and shape.pf_rail[j] >= 0}))
+        return cls(group, len(gpus), vfs_on, {r: tuple(d) for r, d in reach.items()},
+                   free_rails, len(shape.pool_names) == 1)
+
+    def counts_apply(self, spec: Spec) -> bool:
+        """Whether the counts below speak for `spec`: its pairs are one VF each (one-to-one,
+        no whole PF) of the default pool, without bandwidth shares."""
+        return (self.plain_pool and spec.pool is None and not spec.share and spec.pfs == 0
+                and spec.hi <= 1)
+
+    def misses_at_least(self, spec: Spec, worst: int = Distance.SYS) -> int:
+        """A lower bound of the rail mismatches of any choice for `spec` whose pairs are all
+        within `worst`: pair *i* can keep rail *r* only with its own free VF on *r* and its
+        own free GPU within `worst` of one (0 when the counts do not apply)."""
+        if not spec.rails or not self.counts_apply(spec):
+            return 0
+        wanted: dict[int, int] = {}
+        for rail in spec.rails:
+            if rail >= 0:
+                wanted[rail] = wanted.get(rail, 0) + 1
+        short = 0
+        for rail, n in wanted.items():
+            near = bisect_right(self.reach.get(rail, ()), worst)
+            short += max(0, n - min(self.vfs_on.get(rail, 0), near))
+        return short
+
+    def required_fits(self, spec: Spec) -> bool | None:
+        """Whether a required sequence fits where the request without it does, for the
+        requests `search.fits_by_counts` answers (None for the others): on each rail as
+        many free VFs as pairs want it."""
+        if not (spec.rails_required and self.counts_apply(spec) and spec.pairs == spec.gpus
+                and spec.max_distance >= Distance.SYS and spec.numa != "single"
+                and spec.cpus == 0 and spec.memory == 0 and not spec.others):
+            return None
+        return self.misses_at_least(spec) == 0

@@ -1,0 +1,104 @@
+"""A group's rail outlook (`allocation.outlook`, docs/decisions/0096) against the full search:
+on random small railed nodes and ledgers, the bounds it gives never undercut what the search
+finds, and the answers it gives for `rails: required` are the search's own."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_allocator_key import ledgers
+from test_rail_key import RAIL, plainest, railed_requests, railed_topologies
+
+from railyard.allocation.allocator import Allocator, rail_score_bound
+from railyard.allocation.ledger import Ledger
+from railyard.allocation.request import Request
+from railyard.allocation.search import Spec, search
+from railyard.allocation.shape import free_state
+from railyard.allocation.types import Allocation, Infeasible, Refusal
+from railyard.discovery.profiles import DGX_H100, build_topology
+from railyard.topology.model import Distance
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), packing=st.sampled_from(["binpack", "spread"]))
+def test_score_bounds_never_undercut_the_exact_score_with_the_sequence(data, packing):
+    """`rail_score_bound` (from the plain score alone) and `Allocator.rail_score_bound` (with
+    the outlook) are upper bounds of `node_score` with the sequence, preferred or required:
+    what lets the extender score exactly only the groups that might win."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = data.draw(railed_requests(t))
+    r = replace(r, rail_policy=data.draw(st.sampled_from(["preferred", "required"])),
+                prefer_distance=data.draw(st.sampled_from([None, None, Distance.PHB,
+                                                           Distance.NODE])))
+    alloc = Allocator(packing)
+    plain = alloc.node_score(t, ledger, replace(r, rails=()))
+    exact = Allocator(packing).node_score(t, ledger, r)  # a fresh memo: nothing shared
+    assert rail_score_bound(plain, r) >= exact, (plain, exact)
+    fine = alloc.rail_score_bound(t, alloc.rail_outlook(t, ledger), r, plain)
+    assert fine is not None and rail_score_bound(plain, r) >= fine >= exact, (plain, fine, exact)
+    assert alloc.node_score(t, ledger, r) == exact  # asking the bound changed no answer
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_missed_rails_are_a_lower_bound_of_the_searched_mismatches(data):
+    """`misses_at_least(spec, worst)` never exceeds the mismatches of the best choice with
+    the sequence whose pairs are all within `worst`."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = replace(data.draw(plainest(t)), rail_policy="preferred", vf_bandwidth=0)
+    alloc = Allocator()
+    shape = alloc.shape(t)
+    outlook = alloc.rail_outlook(t, ledger)
+    free = free_state(shape, ledger, ledger.signature())
+    found = search(shape, free, r)
+    if found is None or not Spec.of(r).pairs:
+        return
+    worst = found.key[0]
+    assert outlook.misses_at_least(Spec.of(r), worst) <= found.key[1]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_required_fits_from_the_outlook_is_the_allocators_answer(data):
+    """`rail_fits_known` for a required sequence says what `fits` says — True, or a refusal
+    with the same reason and the same resolvability — wherever it answers (None: it leaves
+    the question to `fits`)."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = replace(data.draw(plainest(t)), rail_policy="required",
+                rails=tuple(data.draw(st.lists(RAIL, min_size=1, max_size=4))))
+    alloc = Allocator()
+    plain_fits = alloc.fits(t, ledger, replace(r, rails=())) is True
+    said = alloc.rail_fits_known(t, alloc.rail_outlook(t, ledger), r, plain_fits)
+    truth = Allocator().fits(t, ledger, r)
+    if said is None:
+        return
+    if said is True:
+        assert truth is True
+        return
+    assert isinstance(truth, Infeasible)
+    refusal = said if isinstance(said, Refusal) else alloc.fits(
+        t, ledger, replace(r, rails=())).refusal  # type: ignore[union-attr]
+    assert refusal is not None
+    assert (refusal.text(t.node), refusal.unresolvable) == (truth.reason, truth.unresolvable)
+
+
+def test_outlook_counts_free_vfs_and_near_gpus_per_rail():
+    """dgx-h100, GPUs 0 and 1 held: rails 0 and 1 still have free VFs, but no free GPU is
+    PIX to them, so a preferred pair on rail 0 at a PIX worst pair must miss it."""
+    t = build_topology(DGX_H100, 2)
+    alloc = Allocator()
+    held = Ledger(t)
+    first = alloc.allocate(t, held, Request(gpus=2, vfs=2))
+    assert isinstance(first, Allocation) and first.rails == (0, 1)
+    held.add("first", first)
+    outlook = alloc.rail_outlook(t, held)
+    assert outlook.free_gpus == 6 and outlook.vfs_on[0] == 1 and outlook.vfs_on[2] == 2
+    assert alloc.rail_outlook(t, held) is outlook  # once per free state
+    spec = Spec.of(Request(gpus=1, vfs=1, rails=(0,)))
+    assert outlook.misses_at_least(spec, 0) == 1  # PIX
+    assert outlook.misses_at_least(spec) == 0  # some free GPU reaches rail 0 at all
