@@ -312,15 +312,69 @@ def offline_bounds(topologies: Sequence[NodeTopology], arrivals: Sequence[Arriva
     return Bounds(gpu, gdr)
 
 
+@dataclass(slots=True)
+class Program:
+    """`_solve`'s integer program: minimise cost·x subject to matrix·x ≤ upper and
+    0 ≤ x ≤ x_upper, x whole. Columns: one per (pod uid, group index) in `pods`, then one per
+    entry of `configurations` (group index, moment index, configuration)."""
+
+    cost: Any  # numpy arrays and a scipy sparse matrix (imported lazily)
+    matrix: Any
+    upper: Any
+    x_upper: Any
+    pods: dict[tuple[str, int], int]
+    configurations: list[tuple[int, int, dict[int, int]]]
+    details: dict[str, Any]
+
+
 def _solve(items: Sequence[Arrival], moments: Sequence[Sequence[Arrival]],
            groups: Sequence[NodeGroup], weight: Any, gdr: bool, time_limit_s: float) -> Bound:
-    """Maximise the summed weight of the pods placed (a 0/1 variable per pod and group it may
-    go on), subject to each group's pooled capacity at each moment, with the group's GPUs as
-    bins: an integer variable per configuration, group and moment counts the GPUs filled
-    that way (`share_configurations`), or else `dff_rows` bound the shares."""
+    """Maximise the summed weight of the pods placed (`build_program`) with HiGHS."""
     import numpy as np
     from scipy.optimize import Bounds as VarBounds
     from scipy.optimize import LinearConstraint, linprog, milp
+
+    program = build_program(items, moments, groups, weight, gdr)
+    if isinstance(program, Bound):
+        return program
+    n = len(program.cost)
+    cost, matrix, upper, details = program.cost, program.matrix, program.upper, program.details
+    constraint = LinearConstraint(matrix, -np.inf, upper)
+    res = milp(cost, constraints=constraint, integrality=np.ones(n),
+               bounds=VarBounds(np.zeros(n), program.x_upper),
+               options={"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP, "disp": False})
+    raw_dual = getattr(res, "mip_dual_bound", None)
+    dual = float(raw_dual) if raw_dual is not None and math.isfinite(raw_dual) else None
+    if res.status == 0 and res.fun is not None:
+        # The optimum; where the solver reports a dual bound too, the looser of the two (they
+        # agree up to its tolerances).
+        fun = float(res.fun)
+        return Bound(None, _count(-(fun if dual is None else min(fun, dual))), "milp",
+                     details=details)
+    if dual is not None:
+        return Bound(None, _count(-dual), "milp-dual-bound",
+                     f"the integer program was not solved in {time_limit_s:g} s "
+                     "(HiGHS status: " + str(res.message) + "); its proved dual bound is used",
+                     details)
+    lp = linprog(cost, A_ub=matrix, b_ub=upper,
+                 bounds=[(0.0, float(u)) for u in program.x_upper], method="highs")
+    if lp.status == 0:
+        return Bound(None, _count(-lp.fun), "lp",
+                     "the integer program gave no bound; its linear relaxation's optimum "
+                     "is used", details)
+    return Bound(None, None, "none", f"not computed: the solver failed ({lp.message})",
+                 details)
+
+
+def build_program(items: Sequence[Arrival], moments: Sequence[Sequence[Arrival]],
+                  groups: Sequence[NodeGroup], weight: Any, gdr: bool) -> Program | Bound:
+    """The relaxation as an integer program: a 0/1 variable per pod and group it may go on,
+    maximising the summed weight of the pods placed (cost = −weight), subject to each group's
+    pooled capacity at each moment, with the group's GPUs as bins: an integer variable per
+    configuration, group and moment counts the GPUs filled that way
+    (`share_configurations`), or else `dff_rows` bound the shares. A Bound (not computed, or
+    nothing fits) where there is no program to solve."""
+    import numpy as np
     from scipy.sparse import coo_array
 
     fits = _gdr_fits if gdr else _fits
@@ -363,6 +417,7 @@ def _solve(items: Sequence[Arrival], moments: Sequence[Sequence[Arrival]],
     upper: list[float] = []
     y_count = 0  # configuration variables, numbered after the pods' own
     y_upper: list[float] = []
+    y_columns: list[tuple[int, int, dict[int, int]]] = []
 
     def row(entries: list[tuple[int, float]], cap: float) -> None:
         if entries:
@@ -375,7 +430,7 @@ def _solve(items: Sequence[Arrival], moments: Sequence[Sequence[Arrival]],
 
     for a in items:  # each pod on one group at most
         row([(var[a.uid, k], 1.0) for k in range(len(groups)) if (a.uid, k) in var], 1.0)
-    for live in moments:
+    for t, live in enumerate(moments):
         for k, g in enumerate(groups):
             here = [(a, var[a.uid, k]) for a in live if (a.uid, k) in var]
             if not here:
@@ -402,6 +457,7 @@ def _solve(items: Sequence[Arrival], moments: Sequence[Sequence[Arrival]],
             first = len(var) + y_count
             y_count += len(used)
             y_upper += [gpus] * len(used)
+            y_columns += [(k, t, config) for config in used]
             # GPUs filled with shares, one configuration each, and the whole GPUs: ≤ the GPUs.
             row([(first + j, 1.0) for j in range(len(used))] + whole, gpus)
             for s in sorted(live_sizes):  # the shares of each size: ≤ the places for them
@@ -413,36 +469,11 @@ def _solve(items: Sequence[Arrival], moments: Sequence[Sequence[Arrival]],
     cost = np.zeros(n)
     for (uid, _), c in var.items():
         cost[c] = -float(weight(by_uid[uid]))
-    lower = np.zeros(n)
-    upper_var = np.concatenate([np.ones(len(var)), np.array(y_upper, dtype=float)])
+    x_upper = np.concatenate([np.ones(len(var)), np.array(y_upper, dtype=float)])
     matrix = coo_array((vals, (rows, cols)), shape=(len(upper), n)).tocsr()
-    constraint = LinearConstraint(matrix, -np.inf, np.array(upper))
     details: dict[str, Any] = {"variables": n, "constraints": len(upper),
                                "gpuPacking": packing}
-    res = milp(cost, constraints=constraint, integrality=np.ones(n),
-               bounds=VarBounds(lower, upper_var),
-               options={"time_limit": time_limit_s, "mip_rel_gap": MIP_REL_GAP, "disp": False})
-    raw_dual = getattr(res, "mip_dual_bound", None)
-    dual = float(raw_dual) if raw_dual is not None and math.isfinite(raw_dual) else None
-    if res.status == 0 and res.fun is not None:
-        # The optimum; where the solver reports a dual bound too, the looser of the two (they
-        # agree up to its tolerances).
-        fun = float(res.fun)
-        return Bound(None, _count(-(fun if dual is None else min(fun, dual))), "milp",
-                     details=details)
-    if dual is not None:
-        return Bound(None, _count(-dual), "milp-dual-bound",
-                     f"the integer program was not solved in {time_limit_s:g} s "
-                     "(HiGHS status: " + str(res.message) + "); its proved dual bound is used",
-                     details)
-    lp = linprog(cost, A_ub=matrix, b_ub=np.array(upper),
-                 bounds=list(zip(lower, upper_var, strict=True)), method="highs")
-    if lp.status == 0:
-        return Bound(None, _count(-lp.fun), "lp",
-                     "the integer program gave no bound; its linear relaxation's optimum "
-                     "is used", details)
-    return Bound(None, None, "none", f"not computed: the solver failed ({lp.message})",
-                 details)
+    return Program(cost, matrix, np.array(upper), x_upper, var, y_columns, details)
 
 
 def _count(x: float) -> int:
