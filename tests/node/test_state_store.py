@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import railyard.node.state as state
 from railyard.node.state import (
     PodKey,
     StateError,
@@ -206,3 +208,43 @@ def test_a_write_by_another_store_is_seen_despite_the_cache(tmp_path, topo):
     assert b.get(POD.uid).consumed_ids("railyard.dev/vf") == ("x",)
     a.remove(POD.uid)
     assert b.get(POD.uid) is None
+
+
+def test_a_failed_fsync_is_retried_and_the_flusher_lives_on(tmp_path, topo, monkeypatch):
+    """Interleaving: the first background pass meets EIO on the folder's fsync; the thread must
+    keep the paths pending, try again after a pause, and go on syncing later writes."""
+    calls = []
+    real = state.fsync_dir
+
+    def eio_once(folder):
+        calls.append(folder)
+        if len(calls) == 1:
+            raise OSError(5, "Input/output error")
+        real(folder)
+
+    monkeypatch.setattr(state, "fsync_dir", eio_once)
+    s = StateStore(tmp_path, durability="deferred")
+    s.put(POD, paired_allocation(topo, [0]))
+    deadline = time.monotonic() + 5
+    while not calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    s.put(PodKey("uid-2", "team", "trainer-1"), paired_allocation(topo, [1]))
+    while (s._flusher._pending or len(calls) < 2) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert s._flusher._thread.is_alive()
+    assert s._flusher._pending == set()  # both records synced, the first one on the retry
+    s.close()  # no error left for the last pass to raise
+
+
+def test_a_flush_that_fails_keeps_the_writes_pending_and_says_so(tmp_path, topo, monkeypatch):
+    def enospc(folder):
+        raise OSError(28, "No space left on device")
+
+    s = StateStore(tmp_path, durability="deferred")
+    monkeypatch.setattr(state, "fsync_dir", enospc)
+    s.put(POD, paired_allocation(topo, [0]))
+    assert s.flush() is False
+    assert s._flusher._pending == {s.pods_dir / f"{POD.uid}.json"}
+    monkeypatch.undo()
+    assert s.flush() is True
+    s.close()

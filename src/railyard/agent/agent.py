@@ -313,6 +313,12 @@ class Agent:
         self._verify_task = asyncio.create_task(self._check_at_start())  # what a crash lost
 
     async def stop(self) -> None:
+        """Stop every part, each even when one before it failed; then raise the first error.
+
+        Every failure is logged with the part it came from: one close that raises (an fsync
+        error at the store's last flush, a broken API connection) must not leave the plugin
+        sockets, the CNI service or the kube client open behind it.
+        """
         for w in self._watches:
             w.stop()
         for t in [*self._tasks, self._sync_task, self._verify_task, self._dra_task]:
@@ -322,26 +328,38 @@ class Agent:
             if t is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await t
-        for ep in self.endpoints.values():
-            await ep.stop()
+        first: Exception | None = None
+
+        async def part(what: str, stop: Callable[[], object]) -> None:
+            nonlocal first
+            try:
+                if inspect.iscoroutinefunction(stop):
+                    await stop()
+                else:
+                    await asyncio.to_thread(stop)  # a thread to join, a last fsync
+            except Exception as e:
+                log.error("stopping the agent: %s: %s", what, e, exc_info=True)
+                first = first or e
+
+        for kind, ep in self.endpoints.items():
+            await part(f"{kind} plugin endpoint", ep.stop)
         if self.metrics_server is not None:
-            await self.metrics_server.stop()
-        await asyncio.to_thread(self.store.close)
+            await part("metrics server", self.metrics_server.stop)
+        await part("state store", self.store.close)
         if self.events is not None and self.events.pending:  # a last health change's Event
             await asyncio.wait(self.events.pending, timeout=EVENTS_DRAIN_S)
             self.events.cancel()
         if self._api_pods is not None:
-            await self._api_pods.stop()
+            await part("pod watch", self._api_pods.stop)
         if self.kube is not None:
-            await self.kube.close()
+            await part("API client", self.kube.close)
         if self._cni is not None:
             stop = getattr(self._cni, "stop", None) or getattr(self._cni, "close", None)
             self._cni = None
             if stop is not None:
-                if inspect.iscoroutinefunction(stop):
-                    await stop()
-                else:
-                    await asyncio.to_thread(stop)  # the CNI service joins its thread
+                await part("CNI service", stop)  # the CNI service joins its thread
+        if first is not None:
+            raise first
 
     async def _start_cni(self) -> None:
         """Start the CNI service in-process on `--cni-socket`, over this agent's state store.

@@ -145,6 +145,8 @@ def record_from_json(v: Any) -> PodRecord:
 
 Durability = Literal["fsync", "deferred"]
 FLUSH_DELAY_S = 0.02
+RETRY_MIN_S = 0.1  # after a failed fsync, the first pause; doubled up to RETRY_MAX_S
+RETRY_MAX_S = 5.0
 
 
 class _Flusher:
@@ -153,6 +155,10 @@ class _Flusher:
     A write is visible to every process as soon as it is renamed into place and survives a
     crash of the writer; only a power loss within ~FLUSH_DELAY_S can lose it, after which the
     agent rebuilds records from PodResources at start (docs/decisions/0032).
+
+    An fsync that fails (EIO, ENOSPC on a thin pool, ...) is logged with its path and the
+    paths stay pending: the thread lives on and tries again after a pause that doubles up to
+    RETRY_MAX_S, so one transient error never leaves every later write unsynced.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -170,39 +176,69 @@ class _Flusher:
             self._cond.notify()
 
     def _run(self) -> None:
+        pause = 0.0  # after a failed pass: how long to wait before the next one
         while True:
             with self._cond:
                 while not self._pending and not self._stopped:
                     self._cond.wait()
-                if self._stopped and not self._pending:
-                    return
+                if pause and not self._stopped:
+                    self._cond.wait(pause)  # stop() wakes it
+                if self._stopped:
+                    return  # stop() makes the last pass itself
             time.sleep(FLUSH_DELAY_S)  # gather the writes of one admission into one pass
-            self.flush()
+            try:
+                ok = self.flush()
+            except Exception:  # never let the thread die: the next pass tries again
+                log.exception("state store: flushing %s", self.folder)
+                ok = False
+            pause = 0.0 if ok else min(max(pause * 2, RETRY_MIN_S), RETRY_MAX_S)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """fsync every pending file and the folder; False (paths kept pending) on an error."""
         with self._cond:
             paths, self._pending = self._pending, set()
         if not paths:
-            return
+            return True
+        failed: set[Path] = set()
         for p in paths:
             try:
                 fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 continue  # replaced or removed since: its successor is pending or gone
+            except OSError as e:
+                log.warning("state store: open %s to fsync: %s", p, e.strerror or e)
+                failed.add(p)
+                continue
             try:
                 os.fsync(fd)
             except OSError as e:
-                log.warning("state store: fsync %s: %s", p, e.strerror or e)
+                log.warning("state store: fsync %s: %s (will retry)", p, e.strerror or e)
+                failed.add(p)
             finally:
                 os.close(fd)
-        fsync_dir(self.folder)
+        try:
+            fsync_dir(self.folder)
+        except OSError as e:
+            # The renames of every file of this pass are not known durable: retry them all.
+            log.warning("state store: fsync of folder %s: %s (will retry)", self.folder,
+                        e.strerror or e)
+            failed = paths
+        if failed:
+            with self._cond:
+                self._pending |= failed
+            return False
+        return True
 
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
             self._cond.notify()
         self._thread.join()
-        self.flush()
+        if not self.flush():
+            with self._cond:
+                left = len(self._pending)
+            log.error("state store: %d record(s) in %s not known durable at stop", left,
+                      self.folder)
 
 
 class StateStore:
@@ -379,10 +415,11 @@ class StateStore:
                 self._flusher.later(path)  # gone: only the folder is synced
             return True
 
-    def flush(self) -> None:
-        """Make every write so far durable now (deferred mode; a no-op otherwise)."""
-        if self._flusher is not None:
-            self._flusher.flush()
+    def flush(self) -> bool:
+        """Make every write so far durable now (deferred mode; a no-op otherwise).
+
+        False when an fsync failed (logged; the background thread retries those writes)."""
+        return self._flusher.flush() if self._flusher is not None else True
 
     def close(self) -> None:
         if self._flusher is not None:
