@@ -12,11 +12,12 @@ from pathlib import Path
 import grpc
 import pytest
 
+import railyard.cni.gc as gc_mod
 from railyard.cni.grants import KubeletPodResources
 from railyard.kubelet.api import podresources_pb2 as pb
 from railyard.kubelet.api import podresources_pb2_grpc as pb_grpc
 from railyard.node.attachments import InUse
-from support.cni import Node, links, run_shim
+from support.cni import Node, add, links, run_shim
 
 
 class _FakeKubelet(pb_grpc.PodResourcesListerServicer):
@@ -82,3 +83,32 @@ def test_gc_drops_in_use_notes_that_protect_nothing(node: Node, shim, conf, serv
     assert r.code == 0, r.out
     assert store.in_use("0000:aa:00.1") is None
     assert store.in_use("0000:aa:00.2") is not None  # another network's GC decides on it
+
+
+@pytest.mark.root
+def test_gc_keeps_the_in_use_note_an_add_wrote_after_gc_judged_the_old_one_stale(
+        node: Node, shim, conf, service, monkeypatch):
+    """Interleaving: GC reads the device's note and finds it stale (its attachment and its
+    namespace are gone); before GC drops it, an ADD of a new pod takes the device's lock and
+    notes the device for itself. GC must leave the new note: it is not the one GC judged."""
+    (nic,) = node.vfs(1)
+    pod = node.pod([nic])
+    store = service.server.plugin.store
+    stale = InUse(network="rdma", container_id="gone", ifname="net1",
+                  netns="/run/netns/ry-gone", netns_id=(1, 2))
+    store.mark_in_use(nic.pci_address, stale)
+    real, added = gc_mod.netns_identity, []
+
+    def identity_while_an_add_runs(path):
+        if path == stale.netns and not added:
+            added.append(add(shim, pod, conf()))  # served on another thread of the service
+        return real(path)
+
+    monkeypatch.setattr(gc_mod, "netns_identity", identity_while_an_add_runs)
+    r = run_shim(shim, "GC", conf(cniVersion="1.1.0", **{"cni.dev/valid-attachments": [
+        {"containerID": pod.container_id, "ifname": "net1"}]}))
+    assert r.code == 0, r.out
+    assert added and added[0].code == 0, added[0].out
+    note = store.in_use(nic.pci_address)
+    assert note is not None and note.container_id == pod.container_id
+    assert set(links(pod.netns)) == {"net1"}

@@ -16,7 +16,10 @@ from railyard.cni.spec import (
     Code,
     NetConf,
 )
+from railyard.node.attachments import DeviceBusy, InUse
 from railyard.node.errors import StateError
+
+NOTE_LOCK_S = 1.0  # GC waits this long for a device's lock before leaving its note for later
 
 
 def gc(node: NodeContext, call: Call, conf: NetConf) -> None:
@@ -45,7 +48,7 @@ def gc(node: NodeContext, call: Call, conf: NetConf) -> None:
         if note.network == conf.name and \
                 node.store.load(note.network, note.container_id, note.ifname) is None and \
                 (note.netns_id is None or netns_identity(note.netns) != tuple(note.netns_id)):
-            node.store.drop_in_use(pci)
+            _drop_note(node, pci, note)
     for spec in addresses.distinct_ipams(conf):
         exe = node.ipam.find(spec["type"], call.path)
         node.ipam.gc_or_status(exe, "GC", conf.raw, spec, call.path,
@@ -53,3 +56,14 @@ def gc(node: NodeContext, call: Call, conf: NetConf) -> None:
     if problems:
         raise CniError(Code.MOVE_FAILED, "GC incomplete", "; ".join(problems))
     return None
+
+
+def _drop_note(node: NodeContext, pci: str, note: InUse) -> None:
+    """Drop the note found stale, unless it changed since it was read: an ADD (holding the
+    device's lock) may have noted the device for a live attachment in between."""
+    try:
+        with node.store.lock_devices([pci], NOTE_LOCK_S):
+            if node.store.load(note.network, note.container_id, note.ifname) is None:
+                node.store.drop_in_use(pci, note)
+    except DeviceBusy:
+        pass  # a call is using the device now; the next GC decides on the note again

@@ -210,9 +210,16 @@ class AttachmentStore:
                 out.append((path.stem, note))
         return out
 
-    def drop_in_use(self, pci: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
+    def drop_in_use(self, pci: str, note: InUse) -> bool:
+        """Drop the device's note only while it is still `note` (compare-and-delete; call it
+        under the device's lock, which every writer of notes holds). True when dropped."""
+        if self.in_use(pci) != note:
+            return False
+        try:
             (self.in_use_dir / f"{pci}.json").unlink()
+        except FileNotFoundError:
+            return False
+        return True
 
     def clear_in_use(self, pci: str, rec: AttachmentRecord) -> None:
         """Drop the note only if this attachment wrote it."""
