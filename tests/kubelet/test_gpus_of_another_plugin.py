@@ -146,6 +146,49 @@ async def test_gpus_swapped_between_containers_pair_within_each_container(tmp_pa
         await vf.close()
 
 
+class Killed(BaseException):
+    """Stands for a SIGKILL of the agent at that write."""
+
+
+@pytest.mark.parametrize("killed_at", ["pair file", "record"])
+@async_test
+async def test_a_kill_between_the_corrections_writes_is_made_good_by_the_next_check(
+        tmp_path, dgx_tree, killed_at):
+    """Interleaving: the check corrects a record and the agent is killed at one of the two
+    writes (the pair file, the record); the restarted agent's check must leave the record and
+    the pair file both naming the new pairs. Written record-first, a kill before the pair
+    file left a record that already agreed with kubelet, and the pair file was never made
+    again. The Event may be said again after a kill; it is never lost."""
+    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
+    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
+    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
+        r.agent.events = events = Events()  # type: ignore[assignment]
+        vf = r.kubelet.client(VF)
+        path, _ = pair_file(await vf.allocate([VF18, VF40]))
+        r.podres.state.assign("team", "a", "main", GPU, [G[5], G[1]])
+        r.podres.state.assign("team", "a", "main", VF, [VF40, VF18])
+
+        def kill(*args, **kwargs):
+            raise Killed()
+
+        target = r.agent.pair_files if killed_at == "pair file" else r.agent.store
+        method = "write" if killed_at == "pair file" else "put"
+        setattr(target, method, kill)
+        with pytest.raises(Killed):
+            await r.agent.verify()
+        delattr(target, method)  # "restarted": the check runs again
+        await r.agent.verify()
+
+        rec = r.agent.store.get("uid-a")
+        pairs = {(x.gpu.device_id, x.nic.pci_address) for x in rec.allocation.pairs}
+        assert pairs == {(G[1], VF40), (G[5], VF18)}
+        assert held(json.loads(path.read_text())) == pairs
+        await asyncio.sleep(0.05)  # the Event is sent from the agent's loop
+        assert events.sent and all(e["reason"] == "RailyardRecordCorrected"
+                                   for e in events.sent)
+        await vf.close()
+
+
 @async_test
 async def test_a_cni_call_runs_the_check_first_from_its_own_thread(tmp_path, dgx_tree):
     alloc = allocation(TOPO, [(0, VF18), (1, VF40)])

@@ -579,9 +579,11 @@ class Agent:
         return drivers
 
     def _on_corrected(self, c: Correction) -> None:
-        """A record the check corrected (in the check's thread, under the decision lock):
-        the containers' pair files made again before anything else can read them, then the
-        Event and the write-back on the loop (decision 0090)."""
+        """A record the check is correcting (in the check's thread, under the decision lock,
+        just before the record is written): the containers' pair files made again before
+        anything else can read them, then the Event and the write-back on the loop (decision
+        0090). A crash before the record is written makes the next check do it all again,
+        the Event included: said twice, never lost."""
         for f in c.files:
             try:
                 self.pair_files.write(f.uid, f.container, f.body)

@@ -119,7 +119,7 @@ class Admission:
         self.observer = observer  # counts what `_said` logs (the agent's metrics)
         # Told of each record the PodResources check corrects, with the pair files made
         # again (decision 0090): the agent writes them and raises the Event. Called under
-        # the decision lock, in the check's thread.
+        # the decision lock, in the check's thread, before the corrected record is written.
         self.on_corrected = on_corrected
         # The kinds whose plugin is ours: another plugin (NVIDIA's, with gpuPlugin: false)
         # never calls in, so a container is done when our resources are allocated.
@@ -567,14 +567,18 @@ class Admission:
             new = self._paired_per_container(new, a, pod, unknown)
             warn(f"{pod}: kubelet assigned {dict(actual)}, which differs from the record; "
                  f"the node's record now holds what kubelet assigned (decidedBy: node)")
-            self.store.put(self._key(pod), new)
-            self._said(Corrected(self.node, f"{pod.namespace}/{pod.name}", pod.uid, new,
-                                 f"kubelet assigned {dict(actual)}"))
+            # What derives from the record (the pair files) first, the record last: a crash
+            # between the two leaves the record uncorrected, so the next check makes both
+            # again; the other order would leave a record that agrees with kubelet beside a
+            # pair file naming the old pairs, never rewritten (docs/reliability.md).
             if self.on_corrected is not None:
                 self.on_corrected(Correction(
                     pod.namespace, pod.name, pod.uid, base, new,
                     {c: self._container_ids(a, c, "gpu", unknown) for c in a.containers},
                     self._pair_files(pod, new, a, unknown), self.names.gpu))
+            self.store.put(self._key(pod), new)
+            self._said(Corrected(self.node, f"{pod.namespace}/{pod.name}", pod.uid, new,
+                                 f"kubelet assigned {dict(actual)}"))
         elif rec is None:
             self.store.put(self._key(pod), base)  # type: ignore[arg-type]
         for cname, r, noted in notes:
