@@ -16,7 +16,7 @@ from typing import Any
 from railyard.cni import addresses, moves, records
 from railyard.cni.context import NodeContext
 from railyard.cni.grants import Grant, confirm
-from railyard.cni.netns import Link, LinkError, Netns, NetnsError
+from railyard.cni.netns import Link, LinkError, Netns, NetnsError, netns_identity
 from railyard.cni.rdma import RdmaError
 from railyard.cni.spec import (
     Call,
@@ -34,12 +34,21 @@ from railyard.node.files import write_atomic
 
 
 def add(node: NodeContext, call: Call, conf: NetConf) -> dict:
-    """The call checked, the pod's grant found and confirmed, then the locked ADD."""
+    """The call checked; under the attachment's lock, the pod's grant found and confirmed,
+    then the ADD under its devices' locks."""
     base = _base_ifname(call, conf)
     if not (call.args.uid or (call.args.namespace and call.args.name)):
         raise CniError(Code.INVALID_ENV,
                        "CNI_ARGS: K8S_POD_UID, or K8S_POD_NAMESPACE and K8S_POD_NAME, are "
                        "needed to find the pod's devices")
+    # Held until the answer, from before the grant lookup (which may wait seconds on kubelet
+    # and the device locks): a DEL of this attachment waits for it instead of answering
+    # "never added" while this ADD goes on to move devices.
+    with records.hold(node, conf.name, call.container_id, call.ifname):
+        return _add(node, call, conf, base)
+
+
+def _add(node: NodeContext, call: Call, conf: NetConf, base: str) -> dict:
     try:
         pod_ns = Netns.open(call.netns)
     except NetnsError as e:
@@ -100,6 +109,14 @@ def _add_locked(node: NodeContext, call: Call, conf: NetConf, pod_ns: Netns, gra
             raise CniError(Code.MOVE_FAILED,
                            f"the pod's network namespace already has an interface named "
                            f"{clash[0]!r}", "nothing was moved")
+        if netns_identity(call.netns) != pod_ns.identity():
+            # The runtime removed the namespace while this ADD waited (it gave up on the ADD):
+            # only this ADD's handle keeps it alive, and devices moved there would come back
+            # to the host under the pod's names when the handle closes.
+            raise CniError(Code.UNKNOWN_CONTAINER,
+                           f"CNI_NETNS {call.netns} no longer names the network namespace "
+                           "this ADD opened (removed by the runtime meanwhile)",
+                           "nothing was moved")
         # The record is on disk before anything moves: after a crash at any later point,
         # DEL (which a runtime sends after a failed ADD) has all it needs.
         node.store.save(rec)

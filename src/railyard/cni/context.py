@@ -24,12 +24,17 @@ class Settings:
     sysfs_root: str = "/"
     host_netns: str | None = None  # None: the service's own namespace
     device_info_dir: str = CNI_DEVINFO_DIR
-    lock_timeout_s: float = 30.0
+    lock_timeout_s: float = 30.0  # a device's lock
+    # An attachment's lock: a DEL or GC waits this long for an ADD of the same attachment
+    # (which may hold it through its grant lookup, its device locks and IPAM), then answers
+    # "try again" (code 11). Below the shim's 120 s call timeout.
+    attachment_lock_timeout_s: float = 60.0
 
 
 class NodeContext:
     """One node as the verbs see it. Thread-safe: each call runs on its caller's thread; calls
-    touching the same device serialise on that device's lock (records.lock)."""
+    of the same attachment serialise on its lock (records.hold), then calls touching the same
+    device on that device's lock (records.lock), always in that order."""
 
     def __init__(self, state_dir: str, grants: Grants, rdma: RdmaNetns, *,
                  settings: Settings | None = None, pod_devices: PodDevices | None = None,

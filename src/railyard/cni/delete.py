@@ -12,15 +12,19 @@ from railyard.node.attachments import AttachmentRecord
 
 
 def delete(node: NodeContext, call: Call, conf: NetConf) -> None:
-    rec = node.store.load(conf.name, call.container_id, call.ifname)
-    if rec is None:
-        return None  # never added, or already deleted: success (DEL is idempotent)
-    delete_record(node, rec, call.path)
+    # The attachment's lock first: an ADD of it still running (a runtime that gave up on it
+    # sends DEL) has written its record, or failed, by the time this DEL reads.
+    with records.hold(node, conf.name, call.container_id, call.ifname):
+        rec = node.store.load(conf.name, call.container_id, call.ifname)
+        if rec is None:
+            return None  # never added, or already deleted: success (DEL is idempotent)
+        delete_record(node, rec, call.path)
     return None
 
 
 def delete_record(node: NodeContext, rec: AttachmentRecord, path: tuple[str, ...]) -> None:
-    """Put back what `rec` moved and forget it; CniError (code 104) when something stays."""
+    """Put back what `rec` moved and forget it; CniError (code 104) when something stays.
+    The caller holds the attachment's lock (records.hold)."""
     with records.lock(node, [d.pci for d in rec.devices]):
         # Read again under the locks: an ADD still running when this call read the record
         # has since finished it (its IPAM calls, its device-info files), or a DEL has.

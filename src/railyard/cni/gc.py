@@ -39,7 +39,8 @@ def gc(node: NodeContext, call: Call, conf: NetConf) -> None:
                         for d in rec.devices if d.ifname != rec.ifname)
             continue
         try:
-            delete_record(node, rec, call.path)
+            with records.hold(node, rec.network, rec.container_id, rec.ifname):
+                delete_record(node, rec, call.path)
         except (CniError, StateError) as e:
             err = e if isinstance(e, CniError) else records.state_failure(e)
             problems.append(f"{err.msg}: {err.details}")

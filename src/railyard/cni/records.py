@@ -5,11 +5,14 @@ and the locks are node state (`railyard.node.attachments`); this is the CNI's us
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from railyard.cni.context import NodeContext
 from railyard.cni.grants import Grant
 from railyard.cni.netns import Netns, NetnsError, netns_identity
 from railyard.cni.spec import Call, CniError, Code, NetConf
-from railyard.node.attachments import AttachmentRecord, DeviceBusy, InUse
+from railyard.node.attachments import AttachmentBusy, AttachmentRecord, DeviceBusy, InUse
 from railyard.node.errors import StateError
 from railyard.node.locks import FileLocks
 
@@ -17,6 +20,22 @@ from railyard.node.locks import FileLocks
 def state_failure(e: StateError) -> CniError:
     """The node's state folder could not be read or written: an I/O failure (code 5)."""
     return CniError(Code.IO, str(e))
+
+
+@contextlib.contextmanager
+def hold(node: NodeContext, network: str, container_id: str, ifname: str) -> Iterator[None]:
+    """The attachment's lock for the caller's `with`, taken before any device lock: an ADD
+    holds it until it answers, DEL and GC before they read the record, so a DEL never answers
+    "never added" while an ADD of the attachment is still running. Busy past the timeout:
+    code 11."""
+    held = contextlib.ExitStack()
+    try:
+        held.enter_context(node.store.lock_attachment(
+            network, container_id, ifname, node.settings.attachment_lock_timeout_s))
+    except AttachmentBusy as e:
+        raise CniError(Code.TRY_AGAIN, e.reason) from None
+    with held:
+        yield
 
 
 def lock(node: NodeContext, pcis: list[str]) -> FileLocks:

@@ -10,6 +10,10 @@ as `StateError(path, reason)` (the CNI turns them into its error codes).
 - `in-use/<pci>.json`: which attachment (and network namespace) holds a device now; a device
   recorded in use by a namespace that still exists is never handed to another attachment.
 - `locks/<pci>.lock`: flock per device, as sriov-cni does, taken in address order.
+- `locks/attachments/<network>/<container id>:<ifname>.lock`: flock per attachment, held by
+  ADD from before its grant lookup to its answer and by DEL and GC from before they read the
+  record, so a DEL never overtakes the ADD of its attachment. Always taken before any device
+  lock (never the other way round: no deadlock); removed with the attachment.
 
 Every write is temp + rename, without fsync (decision 0042); records are msgspec structs,
 decoded with validation.
@@ -19,13 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 
 from railyard.node.errors import LockBusy, StateError
 from railyard.node.files import write_atomic
-from railyard.node.locks import FileLocks
+from railyard.node.locks import FileLocks, lock_removable
 
 RECORD_VERSION = 1
 FOLDER, ATTACHMENTS = "cni", "attachments"  # <state_dir>/cni/attachments/
@@ -122,6 +127,16 @@ class DeviceBusy(LockBusy):
         super().__init__(path, f"device {pci} is busy (another CNI call holds its lock for "
                                f"more than {timeout_s:g} s)")
         self.pci = pci
+
+
+class AttachmentBusy(LockBusy):
+    """Another call holds an attachment's lock for longer than this one would wait."""
+
+    def __init__(self, path: str | os.PathLike[str], network: str, container_id: str,
+                 ifname: str, timeout_s: float) -> None:
+        super().__init__(path, f"attachment ({container_id}, {ifname}) of network {network} "
+                               f"is busy (another CNI call, an ADD or DEL still running, holds "
+                               f"it for more than {timeout_s:g} s)")
 
 
 class AttachmentStore:
@@ -231,6 +246,33 @@ class AttachmentStore:
             (self.in_use_dir / f"{pci}.json").unlink()
 
     # ------------------------------------------------------------------ locks
+
+    @contextlib.contextmanager
+    def lock_attachment(self, network: str, container_id: str, ifname: str,
+                        timeout_s: float) -> Iterator[None]:
+        """Hold the attachment's lock for the `with` block; take it before any device lock.
+
+        AttachmentBusy when another call holds it for `timeout_s`. The lock file is removed on
+        the way out when the attachment has no record (never added, or deleted)."""
+        folder = self.locks_dir / ATTACHMENTS / network
+        path = folder / f"{container_id}:{ifname}.lock"
+        try:
+            folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as e:
+            raise StateError(folder, f"state folder: {e.strerror}") from None
+        try:
+            held = lock_removable(path, timeout_s)
+        except LockBusy:
+            raise AttachmentBusy(path, network, container_id, ifname, timeout_s) from None
+        try:
+            yield
+        finally:
+            try:
+                if not self._path(network, container_id, ifname).exists():
+                    with contextlib.suppress(OSError):
+                        path.unlink()  # under the lock: a waiter on it locks the path again
+            finally:
+                held.release()
 
     def lock_devices(self, pcis: list[str] | tuple[str, ...], timeout_s: float) -> FileLocks:
         """flock every device's lock file, in address order (no deadlock between two ADDs);

@@ -58,6 +58,27 @@ class FileLocks:
         self.release()
 
 
+def lock_removable(path: str | os.PathLike[str], timeout_s: float) -> FileLocks:
+    """An exclusive flock on a lock file that its holder may remove (while holding it).
+
+    A waiter may have opened the file before the holder removed it: once its flock is taken it
+    checks that `path` still names the file it locked, and locks the path again otherwise, so
+    two callers never both hold "the" lock on two files of one name. LockBusy after
+    `timeout_s` in all.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        locks = FileLocks((path,), max(0.0, deadline - time.monotonic()))
+        held = os.fstat(locks._fds[0])
+        try:
+            now = os.stat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+            return locks
+        locks.release()  # removed (and maybe made again) by the holder before us: again
+
+
 def _flock_until(fd: int, path: str | os.PathLike[str], deadline: float,
                  timeout_s: float) -> None:
     while True:
