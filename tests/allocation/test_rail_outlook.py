@@ -87,6 +87,25 @@ def test_required_fits_from_the_outlook_is_the_allocators_answer(data):
     assert (refusal.text(t.node), refusal.unresolvable) == (truth.reason, truth.unresolvable)
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_counts_per_request_say_what_the_mismatch_count_says(data):
+    """`required_fits` from the request's wanted rails (`wanted_on_rails`, worked out once
+    per request, and `keeps_wanted` per group) is the count of decision 0096: None where the
+    counts do not apply, else whether no pair must miss its rail."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = data.draw(st.one_of(plainest(t), railed_requests(t)))
+    r = replace(r, rail_policy=data.draw(st.sampled_from(["required", "preferred"])))
+    outlook = Allocator().rail_outlook(t, ledger)
+    spec = Spec.of(r)
+    applies = (spec.rails_required and outlook.counts_apply(spec) and spec.pairs == spec.gpus
+               and spec.max_distance >= Distance.SYS and spec.numa != "single"
+               and spec.cpus == 0 and spec.memory == 0 and not spec.others)
+    assert outlook.required_fits(spec) == (
+        (outlook.misses_at_least(spec) == 0) if applies else None)
+
+
 def test_outlook_counts_free_vfs_and_near_gpus_per_rail():
     """dgx-h100, GPUs 0 and 1 held: rails 0 and 1 still have free VFs, but no free GPU is
     PIX to them, so a preferred pair on rail 0 at a PIX worst pair must miss it."""

@@ -88,12 +88,15 @@ class Allocator:
         # CPUs worked out, in shape indices (so valid for every node of the shape).
         self._plans: dict[tuple, _Plan | Refusal] = {}
         self._scores: dict[tuple, int] = {}
-        self._last_spec: tuple[Request, Spec] | None = None
+        # What the last request asked about needs (`_asked`).
+        self._last_asked: _Asked | None = None
         # Group key -> its rail outlook (computed once per free state; docs/rails.md).
         self._outlooks: dict[tuple, RailOutlook] = {}
         # (wanted rails, free rails) -> the refusal counting proves for a required sequence:
         # one object (and one reason string) for every group with those free rails.
         self._rail_refusals: dict[tuple, Refusal] = {}
+        # (shape id, search shape) -> whether the empty node fits a request by counting.
+        self._empty_counts: dict[tuple, bool] = {}
         # Memo keys a feasibility-only search proved to fit (`fits`), best choice unknown.
         self._feasible: set[tuple] = set()
         # (memo key, budget) -> the refusal of a decision that spent that budget: the search
@@ -257,12 +260,19 @@ class Allocator:
     def _spec(self, request: Request) -> Spec:
         """`Spec.of(request)`, kept for the last request asked about (requests are frozen):
         a question about many groups builds it once."""
-        last = self._last_spec
-        if last is not None and last[0] is request:
-            return last[1]
+        return self._asked(request).spec
+
+    def _asked(self, request: Request) -> _Asked:
+        """What the questions about many groups need of `request`, kept for the last request
+        asked about (one object, swapped whole: another thread asking about another request
+        meanwhile never mixes the two)."""
+        last = self._last_asked
+        if last is not None and last.request is request:
+            return last
         spec = Spec.of(request)
-        self._last_spec = (request, spec)
-        return spec
+        last = self._last_asked = _Asked(request, spec, request.search_shape,
+                                         RailOutlook.wanted_on_rails(spec))
+        return last
 
     def rail_fits_known(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
                         plain_fits: bool, search: bool = True) -> bool | Refusal | None:
@@ -273,14 +283,18 @@ class Allocator:
         when the sequence cannot fit the shape at all); False when the pod does not fit
         without the sequence and the refusal is that one. None: the outlook cannot say (the
         caller asks `fits`), or, without `search`, the empty node is not decided yet."""
-        spec = self._spec(request)
-        counted = outlook.required_fits(spec)
+        asked = self._asked(request)
+        wanted = asked.wanted
+        if wanted is None:
+            return None  # not a request the counts answer
+        counted = outlook.keeps_wanted(wanted)
         if counted is None or (counted and plain_fits):
             return counted
+        spec = asked.spec
         shape = self.shape(topology)
         empty = (shape.id, _EMPTY_SIGNATURE, ())
-        if self._memo.get((empty, request.search_shape)) is None and fits_by_counts(
-                shape, empty_state(shape), spec):
+        if self._memo.get((empty, asked.search_shape)) is None and self._empty_fits_by_counts(
+                shape, asked.search_shape, spec):
             ideal: Choice | Refusal | None = None  # fits the empty node: no search for it
         else:
             ideal = self._decide(shape, empty, None, request, search)
@@ -298,6 +312,18 @@ class Allocator:
             refusal = self._rail_refusals[key] = Refusal(
                 rails_reason(spec.rails, outlook.free_rails))
         return refusal
+
+    def _empty_fits_by_counts(self, shape: NodeShape, asked: tuple, spec: Spec) -> bool:
+        """Whether `fits_by_counts` says yes on the empty node of `shape`, once per shape and
+        request (`asked`: its search shape)."""
+        key = (shape.id, asked)
+        known = self._empty_counts.get(key)
+        if known is None:
+            known = bool(fits_by_counts(shape, empty_state(shape), spec))
+            if len(self._empty_counts) >= _MEMO_LIMIT:
+                self._empty_counts.clear()
+            self._empty_counts[key] = known
+        return known
 
     def rail_score_bound(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
                          plain: int, search: bool = True) -> int | None:
@@ -504,6 +530,18 @@ class Allocator:
             return explain(shape, empty if unresolvable else free, request, unresolvable,
                            budget)
         return found
+
+
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """A request as the questions about many groups need it, worked out once per request."""
+
+    request: Request
+    spec: Spec
+    search_shape: tuple
+    # (rail, pairs wanting it) of a required sequence whose answer the outlook's counts
+    # give (`RailOutlook.wanted_on_rails`); None for every other request.
+    wanted: tuple[tuple[int, int], ...] | None
 
 
 # Score band per tier: (lowest score, number of packing levels). Tiers never overlap, so

@@ -79,8 +79,34 @@ class RailOutlook:
         """Whether a required sequence fits where the request without it does, for the
         requests `search.fits_by_counts` answers (None for the others): on each rail as
         many free VFs as pairs want it."""
-        if not (spec.rails_required and self.counts_apply(spec) and spec.pairs == spec.gpus
+        wanted = self.wanted_on_rails(spec)
+        if wanted is None or not self.plain_pool:
+            return None
+        return self.keeps_wanted(wanted)
+
+    @staticmethod
+    def wanted_on_rails(spec: Spec) -> tuple[tuple[int, int], ...] | None:
+        """(rail, pairs wanting it), ascending, for a required sequence of the requests
+        `search.fits_by_counts` answers whose pairs are one VF each of the default pool,
+        without bandwidth shares; None for every other request. What `keeps_wanted` takes:
+        worked out once per request, not once per group."""
+        if not (spec.rails_required and spec.pool is None and not spec.share and spec.pfs == 0
+                and spec.hi <= 1 and spec.pairs == spec.gpus
                 and spec.max_distance >= Distance.SYS and spec.numa != "single"
                 and spec.cpus == 0 and spec.memory == 0 and not spec.others):
             return None
-        return self.misses_at_least(spec) == 0
+        wanted: dict[int, int] = {}
+        for rail in spec.rails:
+            if rail >= 0:
+                wanted[rail] = wanted.get(rail, 0) + 1
+        return tuple(sorted(wanted.items()))
+
+    def keeps_wanted(self, wanted: tuple[tuple[int, int], ...]) -> bool | None:
+        """`required_fits` for `wanted` (`wanted_on_rails` of the request, not None): every
+        wanted rail has as many free VFs, and free GPUs, as pairs want it (each free GPU
+        reaches every rail with a free VF within SYS). None when the node has more than one
+        VF pool (the counts do not apply)."""
+        if not self.plain_pool:
+            return None
+        vfs_on, free = self.vfs_on, self.free_gpus
+        return all(n <= free and n <= vfs_on.get(rail, 0) for rail, n in wanted)

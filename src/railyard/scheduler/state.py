@@ -565,6 +565,7 @@ class ClusterState:
         by_outlook = (request.wanted_rails and request.rail_policy == "required"
                       and hasattr(self.allocator, "rail_fits_known"))
         plain = replace(request, rails=()) if by_outlook else request
+        plain_shape = plain.shape
         for g, member in some_member.items():
             known = g.answers.get(shape)  # the common case, without a call
             if known is None or known.fits is None:
@@ -573,7 +574,7 @@ class ClusterState:
                     continue
                 if by_outlook:
                     known = self._required_by_outlook(g, member, request, shape, plain,
-                                                      search)
+                                                      plain_shape, search)
                 if known is None or known.fits is None:
                     known = self._answer(g, member, request, shape, score=False,
                                          search=search)
@@ -612,16 +613,21 @@ class ClusterState:
         return out
 
     def _required_by_outlook(self, g: _Group, member: str, request: Request, shape: tuple,
-                             plain: Request, search: bool) -> _Answer | None:
+                             plain: Request, plain_shape: tuple,
+                             search: bool) -> _Answer | None:
         """Whether a pod with a `rails: required` sequence fits group `g`, from the answer
         without the sequence and the group's rail outlook (`Allocator.rail_fits_known`);
-        None where those cannot say (the caller asks the allocator)."""
-        without = self._answer(g, member, plain, plain.shape, score=False, search=search)
+        None where those cannot say (the caller asks the allocator). `plain` is `request`
+        without the sequence, `plain_shape` its shape (both built once per call)."""
+        without = g.answers.get(plain_shape)
+        if without is None or without.fits is None:
+            without = self._answer(g, member, plain, plain_shape, score=False, search=search)
         if without.fits is None or (without.refusal is not None
                                     and without.refusal.search_budget_spent):
             return None
+        outlook = g.outlook if g.outlook is not None else self._outlook(g, member)
         said = self.allocator.rail_fits_known(  # type: ignore[attr-defined]
-            self.topology(member), self._outlook(g, member), request, without.fits, search)
+            self._nodes[member].topology, outlook, request, without.fits, search)
         if said is None:
             return None
         if said is True:
