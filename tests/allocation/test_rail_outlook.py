@@ -19,6 +19,7 @@ from railyard.allocation.shape import free_state
 from railyard.allocation.types import Allocation, Infeasible, Refusal
 from railyard.discovery.profiles import DGX_H100, build_topology
 from railyard.topology.model import Distance
+from support.searching import SearchingEmpty
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -104,6 +105,30 @@ def test_counts_per_request_say_what_the_mismatch_count_says(data):
                and spec.cpus == 0 and spec.memory == 0 and not spec.others)
     assert outlook.required_fits(spec) == (
         (outlook.misses_at_least(spec) == 0) if applies else None)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), packing=st.sampled_from(["binpack", "spread"]))
+def test_sparing_the_empty_nodes_search_changes_no_bound_and_no_score(data, packing):
+    """With the empty node's answer without the sequence in the memo (as prioritize has it,
+    having scored every group without the sequence first), the refined bound and the exact
+    score with the sequence are what searching the empty node with the sequence gives."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    r = data.draw(st.one_of(railed_requests(t), plainest(t)))
+    r = replace(r, rail_policy=data.draw(st.sampled_from(["preferred", "required"])),
+                prefer_distance=data.draw(st.sampled_from([None, None, Distance.PHB])))
+    if not r.wanted_rails:
+        r = replace(r, rails=(0,))
+    answers = []
+    for alloc in (Allocator(packing), SearchingEmpty(packing)):
+        empty = Ledger(t)
+        alloc.node_score(t, empty, replace(r, rails=()))  # the empty node, no sequence
+        plain = alloc.node_score(t, ledger, replace(r, rails=()))
+        fine = alloc.rail_score_bound(t, alloc.rail_outlook(t, ledger), r, plain)
+        answers.append((plain, fine, alloc.node_score(t, ledger, r),
+                        alloc.node_score(t, empty, r)))
+    assert answers[0] == answers[1]
 
 
 def test_outlook_counts_free_vfs_and_near_gpus_per_rail():

@@ -22,6 +22,7 @@ from railyard.scheduler.service import Extender
 from railyard.scheduler.state import ClusterState
 from support.allocations import allocation, nearest_vf
 from support.pods import asking
+from support.searching import SearchingEmpty
 
 NODES = ["n1", "n2", "n3", "n4"]
 
@@ -157,3 +158,57 @@ def test_rail_scores_rank_the_exact_best_first(policy, seed):
     winner = max(fits, key=lambda n: scores[n])
     got = state.bind("job-pod", "default", "job-pod", winner, railed)
     assert isinstance(got, Allocation)
+
+
+@pytest.mark.parametrize("policy", ["preferred", "required"])
+@pytest.mark.parametrize("seed", range(4))
+def test_rail_answers_are_those_of_the_searching_allocator(policy, seed):
+    """Random clusters of three shapes with jobs arriving: filter (fits, reasons) and
+    prioritize with a job's sequence say exactly what they say with an allocator that
+    never spares a search (`SearchingEmpty`) and answers a required sequence with
+    `Allocator.fits` only (no `rail_fits_known`): the counts per request, the empty node's
+    count per shape and the proofs that spare the empty node's search change no answer."""
+    from railyard.allocation.allocator import Allocator
+    from railyard.discovery.profiles import DGX_A100, HGX_H100_4NIC
+
+    class FitsOnly:
+        """An allocator without `rail_fits_known`: filter asks `fits` of every group."""
+
+        coarse_rail_bound = staticmethod(Allocator.coarse_rail_bound)
+
+        def __init__(self) -> None:
+            self.inner = SearchingEmpty()
+
+        def __getattr__(self, name: str) -> object:
+            if name == "rail_fits_known":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    rng = random.Random(seed)
+    profiles = [DGX_H100, DGX_A100, HGX_H100_4NIC]
+    topologies = [build_topology(profiles[i % 3], 2, node=f"m{i}") for i in range(24)]
+    states = [ClusterState(topologies, Allocator()), ClusterState(topologies, FitsOnly())]
+    names = states[0].node_names()
+    for i in range(40):  # pods without a job: about half the GPUs
+        node, gpus = rng.choice(names), rng.choice([1, 1, 2, 4])
+        got = [s.bind(f"f{i}", "default", "f", node, Request(gpus=gpus, vfs=gpus))
+               for s in states]
+        assert isinstance(got[0], Allocation) == isinstance(got[1], Allocation)
+    for j in range(8):
+        gpus = rng.choice([1, 2, 4, 8])
+        for k in range(rng.randint(2, 4)):
+            uid, job = f"j{j}-{k}", f"default/job:j{j}"
+            asked = [s.job_request(Request(gpus=gpus, vfs=gpus, rail_policy=policy), job)
+                     for s in states]
+            assert asked[0] == asked[1]
+            out = [s.filter(a, names, uid=uid) for s, a in zip(states, asked, strict=True)]
+            assert (out[0].fits, out[0].failed, out[0].unresolvable) == (
+                out[1].fits, out[1].failed, out[1].unresolvable)
+            if not out[0].fits:
+                continue
+            scores = [s.scores(a, out[0].fits, uid=uid)
+                      for s, a in zip(states, asked, strict=True)]
+            assert scores[0] == scores[1]
+            best = max(out[0].fits, key=lambda n: scores[0][n])
+            for s, a in zip(states, asked, strict=True):
+                assert isinstance(s.bind(uid, "default", uid, best, a, job=job), Allocation)

@@ -270,8 +270,9 @@ class Allocator:
         if last is not None and last.request is request:
             return last
         spec = Spec.of(request)
+        plain = request if not request.rails else replace(request, rails=())
         last = self._last_asked = _Asked(request, spec, request.search_shape,
-                                         RailOutlook.wanted_on_rails(spec))
+                                         plain.search_shape, RailOutlook.wanted_on_rails(spec))
         return last
 
     def rail_fits_known(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
@@ -342,29 +343,41 @@ class Allocator:
         if plain == 0 or not spec.rails:
             return coarse if spec.rails else plain
         shape = self.shape(topology)
-        decided = self._memo.get((outlook.group, replace(request, rails=()).search_shape))
+        asked = self._asked(request)
+        decided = self._memo.get((outlook.group, asked.plain_search_shape))
         if not isinstance(decided, Choice):
             return coarse
         if _keeps_rails(shape, decided, request) and (
-                (outlook.group, request.search_shape) in self._memo):
+                (outlook.group, asked.search_shape) in self._memo):
             return coarse  # about to be exact at no cost: nothing to gain here
-        ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request, search)
-        if ideal is None:
-            return None
-        if isinstance(ideal, Refusal):
-            # Nothing with the sequence fits the empty node: nor this one (required); a
-            # spent budget says nothing.
-            return 0 if not ideal.search_budget_spent and spec.rails_required else coarse
+        empty = (shape.id, _EMPTY_SIGNATURE, ())
         worst = decided.key[0]
+        if self._memo.get((empty, asked.search_shape)) is None and self._no_worse_than_empty(
+                shape, asked, decided, worst, outlook):
+            # What the empty node's answer with the sequence would say here, proved without
+            # it: the upper tier (`_no_worse_than_empty`).
+            ideal: Choice | None = None
+        else:
+            decided_empty = self._decide(shape, empty, None, request, search)
+            if decided_empty is None:
+                return None
+            if isinstance(decided_empty, Refusal):
+                # Nothing with the sequence fits the empty node: nor this one (required); a
+                # spent budget says nothing.
+                return (0 if not decided_empty.search_budget_spent and spec.rails_required
+                        else coarse)
+            ideal = decided_empty
         if spec.rails_required:
             while worst < Distance.SYS and outlook.misses_at_least(spec, worst):
                 worst += 1  # the sequence's worst pair is at least this
             if outlook.misses_at_least(spec, worst):
                 return 0
-            same = decided.key[:6] <= ideal.key[:6] and worst <= ideal.key[0]
+            same = ideal is None or (decided.key[:6] <= ideal.key[:6]
+                                     and worst <= ideal.key[0])
         else:
-            same = (decided.key[:6] <= (ideal.key[0], 0, *ideal.key[2:6])
-                    and outlook.misses_at_least(spec, worst) <= ideal.key[1])
+            same = ideal is None or (
+                decided.key[:6] <= (ideal.key[0], 0, *ideal.key[2:6])
+                and outlook.misses_at_least(spec, worst) <= ideal.key[1])
         preferred = request.scored_preference
         if worst <= Distance.PIX:
             tier = 5 if same else 4
@@ -377,6 +390,50 @@ class Allocator:
         low, levels = (_BANDS if preferred is None else _PREFERRED_BANDS)[tier]
         return min(coarse, low + _packing(self.packing, levels, shape, outlook.group[1],
                                           request))
+
+    def _no_worse_than_empty(self, shape: NodeShape, asked: _Asked, decided: Choice,
+                             worst: int, outlook: RailOutlook) -> bool:
+        """Whether `rail_score_bound` may take the upper tier for a node whose answer
+        without the sequence is `decided`, without the empty node's answer with it: proved
+        from the empty node's answer *without* the sequence (the memo's), a lower bound of
+        the one with it in the key's first six items (the sequence only removes choices,
+        required, or adds mismatches, preferred, which come after the worst pair; on the
+        empty node a preferred sequence keeps the same worst pair, so the items after the
+        mismatches are no better either). So when `decided` is no worse than the empty
+        node without the sequence, it is no worse than the empty node with it:
+
+        - required: also the sequence's own worst pair here (`worst`, raised by the
+          outlook's count below) no worse than that empty node's, and the empty node known
+          to keep the sequence (the counts say so for the requests they answer: never the
+          empty node's refusal, which the bound would have been 0 for);
+        - preferred: also no pair here counted to miss its rail at that worst pair.
+
+        False where this cannot be shown (the caller asks the empty node with the
+        sequence)."""
+        low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()), asked.plain_search_shape))
+        if not isinstance(low, Choice) or not decided.key[:6] <= low.key[:6]:
+            return False
+        spec = asked.spec
+        if spec.rails_required:
+            if asked.wanted is None or not self._empty_fits_by_counts(
+                    shape, asked.search_shape, spec):
+                return False
+            while worst < Distance.SYS and outlook.misses_at_least(spec, worst):
+                worst += 1
+            return worst <= low.key[0]
+        return outlook.misses_at_least(spec, worst) == 0
+
+    def _as_good_as_empty_without_rails(self, shape: NodeShape, request: Request,
+                                        decided: Choice) -> bool:
+        """Whether `decided`, a node's best choice with the request's rail sequence, is as
+        good (key items 1–6) as the empty node's best without the sequence (the memo's):
+        then it is as good as the empty node's with it, which lies between the two (the
+        sequence only removes choices or adds mismatches; a node's choices are the empty
+        node's too, with the same key), so `node_score` needs no search of the empty
+        node with the sequence."""
+        low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()),
+                              self._asked(request).plain_search_shape))
+        return isinstance(low, Choice) and decided.key[:6] == low.key[:6]
 
     def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
                     search: bool) -> int | None:
@@ -393,14 +450,18 @@ class Allocator:
         if isinstance(decided, Refusal):
             score = 0
         else:
-            ideal = self._decide(shape, (shape.id, _EMPTY_SIGNATURE, ()), None, request,
-                                 search)
-            if ideal is None:
-                return None
-            # An empty node whose search spends the budget: not known to be as good.
-            spent = isinstance(ideal, Refusal) and ideal.search_budget_spent
-            # Worst and summed distance, rail mismatches, span and crowding.
-            same = not isinstance(ideal, Refusal) and decided.key[:6] == ideal.key[:6]
+            empty = (shape.id, _EMPTY_SIGNATURE, ())
+            if request.wanted_rails and self._memo.get((empty, request.search_shape)) is None \
+                    and self._as_good_as_empty_without_rails(shape, request, decided):
+                same = True  # the empty node with the sequence: no better (see there)
+            else:
+                ideal = self._decide(shape, empty, None, request, search)
+                if ideal is None:
+                    return None
+                # An empty node whose search spends the budget: not known to be as good.
+                spent = isinstance(ideal, Refusal) and ideal.search_budget_spent
+                # Worst and summed distance, rail mismatches, span and crowding.
+                same = not isinstance(ideal, Refusal) and decided.key[:6] == ideal.key[:6]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
             preferred = request.scored_preference
             if worst <= Distance.PIX:
@@ -539,6 +600,7 @@ class _Asked:
     request: Request
     spec: Spec
     search_shape: tuple
+    plain_search_shape: tuple  # the request's without its rail sequence
     # (rail, pairs wanting it) of a required sequence whose answer the outlook's counts
     # give (`RailOutlook.wanted_on_rails`); None for every other request.
     wanted: tuple[tuple[int, int], ...] | None

@@ -720,6 +720,7 @@ class ClusterState:
         exact: dict[_Group | None, int] = {}
         # (−bound, order, refined, group, member): a heap, best bound first.
         pending: list[tuple[int, int, bool, _Group, str]] = []
+        bound_of: dict[int, int] = {}  # the coarse bound by plain score: 11 values at most
         for k, (g, member) in enumerate(some_member.items()):
             p = plain[g]
             if p == 0:  # does not fit: a sequence cannot change that
@@ -729,8 +730,10 @@ class ClusterState:
             if known is not None and known.score is not None:
                 exact[g] = known.score
             else:
-                pending.append((-(10 if coarse is None else coarse(p, request)), k,
-                                fine is None, g, member))
+                bound = bound_of.get(p)
+                if bound is None:
+                    bound = bound_of[p] = 10 if coarse is None else coarse(p, request)
+                pending.append((-bound, k, fine is None, g, member))
         best = max(exact.values(), default=0)
         heapq.heapify(pending)
         while pending and -pending[0][0] > best:
@@ -750,8 +753,12 @@ class ClusterState:
             best = max(best, known.score)
         if required:
             for _, _, _, g, member in pending:
-                if g not in exact and not self._answer(g, member, request, shape,
-                                                       score=False, search=search).fits:
+                if g in exact:
+                    continue
+                known = g.answers.get(shape)  # filter's answer, as a rule
+                if known is None or known.fits is None:
+                    known = self._answer(g, member, request, shape, score=False, search=search)
+                if not known.fits:
                     exact[g] = 0
         cap = max(best - 1, 1)
         return {g: exact[g] if g in exact else min(plain[g], cap) for g in some_member}
