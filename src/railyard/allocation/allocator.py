@@ -95,6 +95,9 @@ class Allocator:
         # (wanted rails, free rails) -> the refusal counting proves for a required sequence:
         # one object (and one reason string) for every group with those free rails.
         self._rail_refusals: dict[tuple, Refusal] = {}
+        # (shape id, search shape without rails, rails) -> key items 1–6 of the best choice
+        # found without a sequence that kept those rails (`_note_rails`).
+        self._kept_rails: dict[tuple, tuple] = {}
         # (shape id, search shape) -> whether the empty node fits a request by counting.
         self._empty_counts: dict[tuple, bool] = {}
         # Memo keys a feasibility-only search proved to fit (`fits`), best choice unknown.
@@ -272,7 +275,8 @@ class Allocator:
         spec = Spec.of(request)
         plain = request if not request.rails else replace(request, rails=())
         last = self._last_asked = _Asked(request, spec, request.search_shape,
-                                         plain.search_shape, RailOutlook.wanted_on_rails(spec))
+                                         plain.search_shape, RailOutlook.wanted_on_rails(spec),
+                                         RailOutlook.counted_rails(spec))
         return last
 
     def rail_fits_known(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
@@ -347,17 +351,21 @@ class Allocator:
         decided = self._memo.get((outlook.group, asked.plain_search_shape))
         if not isinstance(decided, Choice):
             return coarse
-        if _keeps_rails(shape, decided, request) and (
+        if _keeps_rails(shape, decided, request, spec.rails) and (
                 (outlook.group, asked.search_shape) in self._memo):
             return coarse  # about to be exact at no cost: nothing to gain here
         empty = (shape.id, _EMPTY_SIGNATURE, ())
         worst = decided.key[0]
-        if self._memo.get((empty, asked.search_shape)) is None and self._no_worse_than_empty(
-                shape, asked, decided, worst, outlook):
-            # What the empty node's answer with the sequence would say here, proved without
-            # it: the upper tier (`_no_worse_than_empty`).
-            ideal: Choice | None = None
-        else:
+        # The empty node's answer with the sequence, key items 1–6 (mismatches: item 2),
+        # known without searching it where `_empty_with_rails` knows it; else the upper tier
+        # proved without it (`_no_worse_than_empty`), else the search.
+        ideal: tuple | None = None
+        proved = False
+        if self._memo.get((empty, asked.search_shape)) is None:
+            ideal = self._empty_with_rails(shape, asked)
+            proved = ideal is None and self._no_worse_than_empty(shape, asked, decided, worst,
+                                                                 outlook)
+        if ideal is None and not proved:
             decided_empty = self._decide(shape, empty, None, request, search)
             if decided_empty is None:
                 return None
@@ -366,18 +374,17 @@ class Allocator:
                 # spent budget says nothing.
                 return (0 if not decided_empty.search_budget_spent and spec.rails_required
                         else coarse)
-            ideal = decided_empty
+            ideal = decided_empty.key[:6]
         if spec.rails_required:
-            while worst < Distance.SYS and outlook.misses_at_least(spec, worst):
-                worst += 1  # the sequence's worst pair is at least this
-            if outlook.misses_at_least(spec, worst):
+            clear = outlook.clear_worst(asked.counted, worst)
+            if clear is None:
                 return 0
-            same = ideal is None or (decided.key[:6] <= ideal.key[:6]
-                                     and worst <= ideal.key[0])
+            worst = clear  # the sequence's worst pair is at least this
+            same = ideal is None or (decided.key[:6] <= ideal and worst <= ideal[0])
         else:
             same = ideal is None or (
-                decided.key[:6] <= (ideal.key[0], 0, *ideal.key[2:6])
-                and outlook.misses_at_least(spec, worst) <= ideal.key[1])
+                decided.key[:6] <= (ideal[0], 0, *ideal[2:6])
+                and outlook.misses_counted(asked.counted, worst) <= ideal[1])
         preferred = request.scored_preference
         if worst <= Distance.PIX:
             tier = 5 if same else 4
@@ -418,10 +425,11 @@ class Allocator:
             if asked.wanted is None or not self._empty_fits_by_counts(
                     shape, asked.search_shape, spec):
                 return False
-            while worst < Distance.SYS and outlook.misses_at_least(spec, worst):
-                worst += 1
-            return worst <= low.key[0]
-        return outlook.misses_at_least(spec, worst) == 0
+            clear = outlook.clear_worst(asked.counted, worst)
+            # None: the counts refuse the sequence here; the bound is 0 whatever the empty
+            # node says.
+            return clear is None or clear <= low.key[0]
+        return outlook.misses_counted(asked.counted, worst) == 0
 
     def _as_good_as_empty_without_rails(self, shape: NodeShape, request: Request,
                                         decided: Choice) -> bool:
@@ -434,6 +442,42 @@ class Allocator:
         low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()),
                               self._asked(request).plain_search_shape))
         return isinstance(low, Choice) and decided.key[:6] == low.key[:6]
+
+    def _empty_with_rails(self, shape: NodeShape, asked: _Asked) -> tuple | None:
+        """Key items 1–6 of the empty node's best choice with the request's rail sequence,
+        where known without a search: when a best choice *without* the sequence, on any
+        node of the shape, kept exactly that sequence (`_note_rails`) and was as good as the
+        empty node's best without it (the memo's). That choice is the empty node's too,
+        with the same key (a choice's key depends on it alone), so the empty node's best
+        with the sequence is no worse than it, and no better than the best without the
+        sequence: it is that key. None where this is not known (the caller searches)."""
+        spec = asked.spec
+        if not spec.rails:
+            return None
+        kept = self._kept_rails.get((shape.id, asked.plain_search_shape, spec.rails))
+        if kept is None:
+            return None
+        low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()), asked.plain_search_shape))
+        if not isinstance(low, Choice) or low.key[:6] != kept:
+            return None
+        return kept
+
+    def _note_rails(self, shape: NodeShape, request: Request, choice: Choice) -> None:
+        """Keep, for a best choice just decided for a request without a rail sequence, the
+        rails it keeps and its key items 1–6 (the best such key per shape, request and
+        rails): what `_empty_with_rails` reads. A job's sequence is most often what the
+        best choice of its first pod kept."""
+        rails = [shape.pf_rail[t[0]] for t in choice.targets if t is not None]
+        while rails and rails[-1] < 0:
+            rails.pop()
+        if not rails:
+            return
+        key = (shape.id, request.search_shape, tuple(rails))
+        known = self._kept_rails.get(key)
+        if known is None or choice.key[:6] < known:
+            if len(self._kept_rails) >= _MEMO_LIMIT:
+                self._kept_rails.clear()
+            self._kept_rails[key] = choice.key[:6]
 
     def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
                     search: bool) -> int | None:
@@ -451,9 +495,14 @@ class Allocator:
             score = 0
         else:
             empty = (shape.id, _EMPTY_SIGNATURE, ())
-            if request.wanted_rails and self._memo.get((empty, request.search_shape)) is None \
-                    and self._as_good_as_empty_without_rails(shape, request, decided):
-                same = True  # the empty node with the sequence: no better (see there)
+            # The empty node with the sequence, known without searching it (see there).
+            unknown = bool(request.wanted_rails) and self._memo.get(
+                (empty, request.search_shape)) is None
+            known = self._empty_with_rails(shape, self._asked(request)) if unknown else None
+            if known is not None:
+                same = decided.key[:6] == known
+            elif unknown and self._as_good_as_empty_without_rails(shape, request, decided):
+                same = True
             else:
                 ideal = self._decide(shape, empty, None, request, search)
                 if ideal is None:
@@ -567,6 +616,8 @@ class Allocator:
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = hit
+        if isinstance(hit, Choice) and not request.wanted_rails:
+            self._note_rails(shape, request, hit)
         return hit
 
     def _search(self, shape: NodeShape, group: tuple, ledger: Ledger | None, request: Request,
@@ -604,6 +655,7 @@ class _Asked:
     # (rail, pairs wanting it) of a required sequence whose answer the outlook's counts
     # give (`RailOutlook.wanted_on_rails`); None for every other request.
     wanted: tuple[tuple[int, int], ...] | None
+    counted: tuple[tuple[int, int], ...] | None  # `RailOutlook.counted_rails`
 
 
 # Score band per tier: (lowest score, number of packing levels). Tiers never overlap, so
@@ -659,10 +711,12 @@ def _packing(packing: Packing, levels: int, shape: NodeShape, signature: tuple,
     return level if packing == "binpack" else levels - 1 - level
 
 
-def _keeps_rails(shape: NodeShape, choice: Choice, request: Request) -> bool:
+def _keeps_rails(shape: NodeShape, choice: Choice, request: Request,
+                 wanted: tuple[int, ...] | None = None) -> bool:
     """Whether every pair of `choice` (pair order: its paired GPUs in order) is on the rail
     the request's sequence wants there."""
-    wanted = Spec.of(request).rails
+    if wanted is None:
+        wanted = Spec.of(request).rails
     rails = [shape.pf_rail[t[0]] for t in choice.targets if t is not None]
     return all(w < 0 or (p < len(rails) and rails[p] == w) for p, w in enumerate(wanted))
 

@@ -63,16 +63,33 @@ class RailOutlook:
         """A lower bound of the rail mismatches of any choice for `spec` whose pairs are all
         within `worst`: pair *i* can keep rail *r* only with its own free VF on *r* and its
         own free GPU within `worst` of one (0 when the counts do not apply)."""
-        if not spec.rails or not self.counts_apply(spec):
-            return 0
+        return self.misses_counted(self.counted_rails(spec), worst)
+
+    @staticmethod
+    def counted_rails(spec: Spec) -> tuple[tuple[int, int], ...] | None:
+        """(rail, pairs wanting it), ascending, for a sequence whose pairs are one VF each
+        (one-to-one, no whole PF) of the default pool, without bandwidth shares; None when
+        there is no sequence or the counts do not speak for `spec` (`counts_apply`, but for
+        the node's pools). Worked out once per request, not once per group."""
+        if not spec.rails or not (spec.pool is None and not spec.share and spec.pfs == 0
+                                  and spec.hi <= 1):
+            return None
         wanted: dict[int, int] = {}
         for rail in spec.rails:
             if rail >= 0:
                 wanted[rail] = wanted.get(rail, 0) + 1
+        return tuple(sorted(wanted.items()))
+
+    def misses_counted(self, counted: tuple[tuple[int, int], ...] | None,
+                       worst: int = Distance.SYS) -> int:
+        """`misses_at_least` for the request whose `counted_rails` is `counted`."""
+        if counted is None or not self.plain_pool:
+            return 0
         short = 0
-        for rail, n in wanted.items():
-            near = bisect_right(self.reach.get(rail, ()), worst)
-            short += max(0, n - min(self.vfs_on.get(rail, 0), near))
+        reach, vfs_on = self.reach, self.vfs_on
+        for rail, n in counted:
+            near = bisect_right(reach.get(rail, ()), worst)
+            short += max(0, n - min(vfs_on.get(rail, 0), near))
         return short
 
     def required_fits(self, spec: Spec) -> bool | None:
@@ -84,22 +101,30 @@ class RailOutlook:
             return None
         return self.keeps_wanted(wanted)
 
+    def clear_worst(self, counted: tuple[tuple[int, int], ...] | None,
+                    worst: int) -> int | None:
+        """The least worst pair from `worst` on at which `misses_counted` is 0 (each wanted
+        rail has a free VF and a free GPU within it for each pair wanting it); None when
+        there is none, even at SYS."""
+        if counted is None or not self.plain_pool:
+            return worst
+        reach, vfs_on = self.reach, self.vfs_on
+        for rail, n in counted:
+            near = reach.get(rail, ())
+            if vfs_on.get(rail, 0) < n or len(near) < n:
+                return None
+            worst = max(worst, near[n - 1])
+        return worst
+
     @staticmethod
     def wanted_on_rails(spec: Spec) -> tuple[tuple[int, int], ...] | None:
-        """(rail, pairs wanting it), ascending, for a required sequence of the requests
-        `search.fits_by_counts` answers whose pairs are one VF each of the default pool,
-        without bandwidth shares; None for every other request. What `keeps_wanted` takes:
-        worked out once per request, not once per group."""
-        if not (spec.rails_required and spec.pool is None and not spec.share and spec.pfs == 0
-                and spec.hi <= 1 and spec.pairs == spec.gpus
+        """`counted_rails` for a required sequence of the requests `search.fits_by_counts`
+        answers; None for every other request. What `keeps_wanted` takes."""
+        if not (spec.rails_required and spec.pairs == spec.gpus
                 and spec.max_distance >= Distance.SYS and spec.numa != "single"
                 and spec.cpus == 0 and spec.memory == 0 and not spec.others):
             return None
-        wanted: dict[int, int] = {}
-        for rail in spec.rails:
-            if rail >= 0:
-                wanted[rail] = wanted.get(rail, 0) + 1
-        return tuple(sorted(wanted.items()))
+        return RailOutlook.counted_rails(spec)
 
     def keeps_wanted(self, wanted: tuple[tuple[int, int], ...]) -> bool | None:
         """`required_fits` for `wanted` (`wanted_on_rails` of the request, not None): every
