@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from railyard.allocation.explain import budget_refusal, explain, rails_reason
@@ -296,15 +296,20 @@ class Allocator:
         if counted is None or (counted and plain_fits):
             return counted
         spec = asked.spec
-        shape = self.shape(topology)
-        empty = (shape.id, _EMPTY_SIGNATURE, ())
-        if self._memo.get((empty, asked.search_shape)) is None and self._empty_fits_by_counts(
-                shape, asked.search_shape, spec):
-            ideal: Choice | Refusal | None = None  # fits the empty node: no search for it
-        else:
-            ideal = self._decide(shape, empty, None, request, search)
-            if ideal is None or (isinstance(ideal, Refusal) and ideal.search_budget_spent):
-                return None
+        # The empty node's answer with the sequence, once per shape for this request: True
+        # where it fits by counting (no search for it), else its decision.
+        ideal = asked.empty.get(outlook.group[0])
+        if ideal is None:
+            shape = self.shape(topology)
+            empty = (shape.id, _EMPTY_SIGNATURE, ())
+            if self._memo.get((empty, asked.search_shape)) is None and \
+                    self._empty_fits_by_counts(shape, asked.search_shape, spec):
+                ideal = True
+            else:
+                ideal = self._decide(shape, empty, None, request, search)
+                if ideal is None or (isinstance(ideal, Refusal) and ideal.search_budget_spent):
+                    return None
+            asked.empty[shape.id] = ideal
         if isinstance(ideal, Refusal):
             return ideal  # the shape cannot keep the sequence: what every node of it says
         if not plain_fits:
@@ -656,6 +661,9 @@ class _Asked:
     # give (`RailOutlook.wanted_on_rails`); None for every other request.
     wanted: tuple[tuple[int, int], ...] | None
     counted: tuple[tuple[int, int], ...] | None  # `RailOutlook.counted_rails`
+    # Shape id -> the empty node's answer with the sequence as `rail_fits_known` needs it
+    # (True: fits by counting), filled as groups are asked: once per shape per request.
+    empty: dict[int, Choice | Refusal | bool] = field(default_factory=dict)
 
 
 # Score band per tier: (lowest score, number of packing levels). Tiers never overlap, so

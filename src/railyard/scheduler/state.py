@@ -102,6 +102,10 @@ class _Answer:
     score: int | None = None  # 0–10
 
 
+# The answer "fits, score not asked yet" (frozen: one object serves every group).
+_FITS = _Answer(fits=True)
+
+
 class NeedsSearch(Exception):
     """A question asked with `search=False` needs the allocator: ask again where searching is
     allowed (the extender's worker thread)."""
@@ -504,7 +508,8 @@ class ClusterState:
         """Keep the part of a group's answer just learned beside the part already known."""
         known = g.answers.get(shape)
         if known is None:
-            answer = _Answer(fits, refusal, score)
+            answer = (_FITS if fits is True and refusal is None and score is None
+                      else _Answer(fits, refusal, score))
         elif score is None:
             answer = replace(known, fits=fits, refusal=refusal)
         else:
