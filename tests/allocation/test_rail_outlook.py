@@ -131,6 +131,33 @@ def test_sparing_the_empty_nodes_search_changes_no_bound_and_no_score(data, pack
     assert answers[0] == answers[1]
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_outlook_is_what_its_definition_counts(data):
+    """`RailOutlook.of` against its definition written plainly: per rail, the free VFs on
+    its PFs and, per free GPU, the distance to the nearest of them with a free VF; the
+    rails of the PFs with a free VF or free whole."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    alloc = Allocator()
+    shape = alloc.shape(t)
+    free = free_state(shape, ledger, ledger.signature())
+    outlook = alloc.rail_outlook(t, ledger)
+    pfs = range(len(shape.pfs))
+    rails = {shape.pf_rail[j] for j in pfs if free.vfs[j] and shape.pf_rail[j] >= 0}
+    gpus = [i for i in range(len(shape.gpus)) if (free.gpus >> i) & 1]
+    assert outlook.free_gpus == len(gpus)
+    assert outlook.vfs_on == {r: sum(free.vfs[j] for j in pfs if shape.pf_rail[j] == r)
+                              for r in rails}
+    assert outlook.reach == {
+        r: tuple(sorted(min(shape.dist[i][j] for j in pfs
+                            if shape.pf_rail[j] == r and free.vfs[j]) for i in gpus))
+        for r in rails}
+    assert outlook.free_rails == tuple(sorted(
+        {shape.pf_rail[j] for j in pfs
+         if (free.vfs[j] or free.whole_ok[j]) and shape.pf_rail[j] >= 0}))
+
+
 def test_outlook_counts_free_vfs_and_near_gpus_per_rail():
     """dgx-h100, GPUs 0 and 1 held: rails 0 and 1 still have free VFs, but no free GPU is
     PIX to them, so a preferred pair on rail 0 at a PIX worst pair must miss it."""

@@ -37,21 +37,25 @@ class RailOutlook:
 
     @classmethod
     def of(cls, shape: NodeShape, free: FreeState, group: tuple) -> RailOutlook:
+        pf_rail, dist = shape.pf_rail, shape.dist
         vfs_on: dict[int, int] = {}
-        reach: dict[int, list[int]] = {}
-        free_pfs = [j for j, n in enumerate(free.vfs) if n > 0 and shape.pf_rail[j] >= 0]
-        for j in free_pfs:
-            rail = shape.pf_rail[j]
-            vfs_on[rail] = vfs_on.get(rail, 0) + free.vfs[j]
+        on_rail: dict[int, list[int]] = {}  # rail -> its PFs with a free VF, ascending
+        for j, n in enumerate(free.vfs):
+            if n > 0 and (rail := pf_rail[j]) >= 0:
+                vfs_on[rail] = vfs_on.get(rail, 0) + n
+                on_rail.setdefault(rail, []).append(j)
         gpus = [i for i in range(len(shape.gpus)) if (free.gpus >> i) & 1]
-        for rail in vfs_on:
-            on = [j for j in free_pfs if shape.pf_rail[j] == rail]
-            reach[rail] = sorted(min(shape.dist[i][j] for j in on) for i in gpus)
-        free_rails = tuple(sorted({shape.pf_rail[j] for j in range(len(shape.pfs))
-                                   if (free.vfs[j] or free.whole_ok[j])
-                                   and shape.pf_rail[j] >= 0}))
-        return cls(group, len(gpus), vfs_on, {r: tuple(d) for r, d in reach.items()},
-                   free_rails, len(shape.pool_names) == 1)
+        reach: dict[int, tuple[int, ...]] = {}
+        for rail, on in on_rail.items():
+            if len(on) == 1:
+                j = on[0]
+                reach[rail] = tuple(sorted([dist[i][j] for i in gpus]))
+            else:
+                reach[rail] = tuple(sorted([min([dist[i][j] for j in on]) for i in gpus]))
+        whole_ok = free.whole_ok
+        free_rails = tuple(sorted({pf_rail[j] for j, n in enumerate(free.vfs)
+                                   if (n or whole_ok[j]) and pf_rail[j] >= 0}))
+        return cls(group, len(gpus), vfs_on, reach, free_rails, len(shape.pool_names) == 1)
 
     def counts_apply(self, spec: Spec) -> bool:
         """Whether the counts below speak for `spec`: its pairs are one VF each (one-to-one,
