@@ -11,7 +11,7 @@ import random
 
 import aiohttp
 import pytest
-from scheduler_helpers import args, served
+from scheduler_helpers import args, hand_allocation, served
 
 from railyard.allocation.jobs import JOBSET_LABEL
 from railyard.allocation.request import Request
@@ -212,3 +212,36 @@ def test_rail_answers_are_those_of_the_searching_allocator(policy, seed):
             best = max(out[0].fits, key=lambda n: scores[0][n])
             for s, a in zip(states, asked, strict=True):
                 assert isinstance(s.bind(uid, "default", uid, best, a, job=job), Allocation)
+
+
+def test_a_required_answer_is_kept_on_its_group_only_from_that_groups_own_state():
+    """Filter answers a required sequence per group from the group's answer without the
+    sequence and its rail outlook, and keeps the answer on the group. When another thread
+    frees the node filter asked about between those two steps, the node has left the group:
+    the outlook of where it is now must not be mixed into the group's kept answer (it used
+    to be, and every node of the group then kept a wrong fit or refusal)."""
+    topologies = {n: build_topology(DGX_H100, 2, node=n) for n in ("a", "b")}
+    state = ClusterState(topologies.values())
+    # Both VFs of NIC 0 (rail 0) held on each node: a pod wanting rail 0 fits neither.
+    state.restore([BoundPod("ml", f"h-{n}", f"h-{n}", n,
+                            hand_allocation(t, [(0, 0, 0), (1, 0, 1)]))
+                   for n, t in topologies.items()])
+    rail = topologies["a"].nics[0].rail
+    assert rail is not None
+    request = Request(gpus=1, vfs=1, rails=(rail,), rail_policy="required")
+    asked = state._answer
+
+    def answer_then_release(g, member, req, shape, score, search=True):  # type: ignore[no-untyped-def]
+        out = asked(g, member, req, shape, score, search)
+        if not req.rails and state.pod(f"h-{member}") is not None:
+            state.release(f"h-{member}")  # the pod watch frees the node meanwhile
+        return out
+
+    state._answer = answer_then_release  # type: ignore[method-assign]
+    state.filter(request, ["a", "b"])
+    state._answer = asked  # type: ignore[method-assign]
+    for node in ("a", "b"):
+        exact = state.allocator.allocate(topologies[node], state.ledger(node), request)
+        assert (node in state.filter(request, [node]).fits) == isinstance(exact, Allocation)
+    # The freed node fits; the other still holds both VFs of rail 0 and refuses.
+    assert len(state.filter(request, ["a", "b"]).fits) == 1

@@ -626,11 +626,17 @@ class ClusterState:
         without the sequence, `plain_shape` its shape (both built once per call)."""
         without = g.answers.get(plain_shape)
         if without is None or without.fits is None:
-            without = self._answer(g, member, plain, plain_shape, score=False, search=search)
-        if without.fits is None or (without.refusal is not None
-                                    and without.refusal.search_budget_spent):
+            self._answer(g, member, plain, plain_shape, score=False, search=search)
+            # g's own answer only: `_answer` answers for the group `member` is in now, which
+            # is not g when it moved meanwhile, and a spent budget is not kept at all.
+            without = g.answers.get(plain_shape)
+            if without is None or without.fits is None:
+                return None
+        if without.refusal is not None and without.refusal.search_budget_spent:
             return None
         outlook = g.outlook if g.outlook is not None else self._outlook(g, member)
+        if outlook is None:
+            return None  # `member` left `g` meanwhile: its outlook is not g's free state
         said = self.allocator.rail_fits_known(  # type: ignore[attr-defined]
             self._nodes[member].topology, outlook, request, without.fits, search)
         if said is None:
@@ -745,8 +751,10 @@ class ClusterState:
             neg, k, refined, g, member = heapq.heappop(pending)
             if not refined:
                 assert fine is not None
-                tight = fine(self.topology(member), self._outlook(g, member), request,
-                             plain[g], search)
+                outlook = self._outlook(g, member)
+                # Without g's outlook (`member` left g meanwhile) the coarse bound stands.
+                tight = -neg if outlook is None else fine(self.topology(member), outlook,
+                                                          request, plain[g], search)
                 if tight is None:
                     raise NeedsSearch
                 if tight < -neg:
@@ -768,9 +776,11 @@ class ClusterState:
         cap = max(best - 1, 1)
         return {g: exact[g] if g in exact else min(plain[g], cap) for g in some_member}
 
-    def _outlook(self, g: _Group, member: str) -> object:
+    def _outlook(self, g: _Group, member: str) -> object | None:
         """The allocator's rail outlook of group `g` (`member` is one of its nodes): kept on
-        the group, so it is worked out once per free state."""
+        the group, so it is worked out once per free state. None when `member` has left `g`
+        meanwhile (a bind or a release on it): another group's outlook must never be mixed
+        with g's answers, which are kept on g."""
         if g.outlook is not None:
             return g.outlook
         node = self._nodes[member]
@@ -779,8 +789,7 @@ class ClusterState:
         else:
             with node.lock:
                 if self._group_of_name.get(member) is not g or node.ledger is None:
-                    # Moved meanwhile: the outlook of where it is now, not kept on `g`.
-                    return self._outlook(self._group_of_name[member], member)
+                    return None  # moved meanwhile: g's free state is not its own now
                 outlook = self.allocator.rail_outlook(  # type: ignore[attr-defined]
                     node.topology, node.ledger)
         g.outlook = outlook
