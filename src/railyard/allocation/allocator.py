@@ -390,16 +390,7 @@ class Allocator:
             same = ideal is None or (
                 decided.key[:6] <= (ideal[0], 0, *ideal[2:6])
                 and outlook.misses_counted(asked.counted, worst) <= ideal[1])
-        preferred = request.scored_preference
-        if worst <= Distance.PIX:
-            tier = 5 if same else 4
-        elif worst <= Distance.PXB:
-            tier = 3 if same else 2
-        elif preferred is not None and worst > preferred:
-            tier = 0
-        else:
-            tier = 1
-        low, levels = (_BANDS if preferred is None else _PREFERRED_BANDS)[tier]
+        low, levels = _band(worst, same, request.scored_preference)
         return min(coarse, low + _packing(self.packing, levels, shape, outlook.group[1],
                                           request))
 
@@ -517,16 +508,7 @@ class Allocator:
                 # Worst and summed distance, rail mismatches, span and crowding.
                 same = not isinstance(ideal, Refusal) and decided.key[:6] == ideal.key[:6]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
-            preferred = request.scored_preference
-            if worst <= Distance.PIX:
-                tier = 5 if same else 4
-            elif worst <= Distance.PXB:
-                tier = 3 if same else 2
-            elif preferred is not None and worst > preferred:
-                tier = 0  # beyond PXB and beyond what the pod prefers
-            else:
-                tier = 1
-            low, levels = (_BANDS if preferred is None else _PREFERRED_BANDS)[tier]
+            low, levels = _band(worst, same, request.scored_preference)
             score = low + _packing(self.packing, levels, shape, group[1], request)
         if spent:
             return score  # depends on the budget, not only on the shape: not kept
@@ -673,6 +655,21 @@ _BANDS = {5: (7, 4), 4: (5, 2), 3: (3, 2), 2: (2, 1), 1: (1, 1)}
 # the preference, 0 = it does not. The room comes from tier 3's packing levels: ranking by
 # the preference the pod asked for is worth more than grading PXB nodes by fullness.
 _PREFERRED_BANDS = {5: (7, 4), 4: (5, 2), 3: (4, 1), 2: (3, 1), 1: (2, 1), 0: (1, 1)}
+
+
+def _band(worst: int, same: bool, preferred: int | None) -> tuple[int, int]:
+    """The score band (lowest score, levels) of a node whose best choice has `worst` as its
+    worst pair, `same` when that choice is as good as the empty node's (key items 1–6);
+    `preferred`: the pod's scored distance preference, if any (docs/allocation.md)."""
+    if worst <= Distance.PIX:
+        tier = 5 if same else 4
+    elif worst <= Distance.PXB:
+        tier = 3 if same else 2
+    elif preferred is not None and worst > preferred:
+        tier = 0  # beyond PXB and beyond what the pod prefers
+    else:
+        tier = 1
+    return (_BANDS if preferred is None else _PREFERRED_BANDS)[tier]
 
 
 def rail_score_bound(plain: int, request: Request) -> int:
