@@ -116,6 +116,7 @@ class Reflector(Generic[T]):
         self.synced = asyncio.Event()
         self.lists = 0  # how many times it has listed (the first, and each re-list)
         self.relists: Counter[str] = Counter()  # why it listed again: gone, unavailable, error
+        self.handler_errors = 0  # changes `on_change` raised on (logged; the watch goes on)
         self._events = msgspec.json.Decoder(WatchEvent)
         self._object = msgspec.json.Decoder(type_)
         self._page: msgspec.json.Decoder[ObjectList[T]] = msgspec.json.Decoder(
@@ -235,5 +236,14 @@ class Reflector(Generic[T]):
             self._emit(Change("ADDED" if before is None else "MODIFIED", key, obj, before))
 
     def _emit(self, change: Change[T]) -> None:
-        if self.on_change is not None:
+        """Hand one change to `on_change`. A handler that raises is a bug in it (or a record
+        it did not expect), not a reason to stop watching: it is logged with the change's
+        key and counted in `handler_errors`, and the next changes still come."""
+        if self.on_change is None:
+            return
+        try:
             self.on_change(change)
+        except Exception:
+            self.handler_errors += 1
+            log.exception("%s: handling %s %s failed; watching on", self.path, change.type,
+                          change.key)

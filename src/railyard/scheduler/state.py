@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import operator
 import threading
 import weakref
@@ -34,6 +35,8 @@ from railyard.allocation.types import Allocation, GpuRef, Infeasible, NicRef, Re
 from railyard.records.allocation import format_decided_at
 from railyard.scheduler.cluster_file import BoundPod, ClusterFileError, load_cluster
 from railyard.topology.model import NodeTopology
+
+log = logging.getLogger("railyard.scheduler")
 
 # Answers kept per group; a group sees few request shapes, so this is rarely reached.
 _ANSWERS_PER_GROUP = 256
@@ -193,22 +196,30 @@ def unhealthy_hold(topology: NodeTopology, ledger: Ledger,
 
 
 def _free_part(ledger: Ledger, *allocations: Allocation | None) -> Allocation | None:
-    """The devices of these allocations that `ledger` does not hold, as one device-only
-    Allocation (CPUs and memory stay with the records); None when there are none."""
+    """The devices of these allocations that `ledger` does not hold and its node has, as one
+    device-only Allocation (CPUs and memory stay with the records); None when there are
+    none. A device the node lacks (a bad record, or one from before its NodeTopology was
+    republished smaller) is nobody's to hold."""
+    topology = ledger.topology
+    known_gpus = {g.pci_address for g in topology.gpus}
+    known_pfs = {n.pci_address for n in topology.nics}
+    known_vfs = {(v.pci_address, n.pci_address) for n in topology.nics for v in n.vfs}
     gpus: dict[str, GpuRef] = {}
     nics: dict[str, NicRef] = {}
     for alloc in allocations:
         if alloc is None:
             continue
         for g in alloc.all_gpus:
-            if g.pci_address not in ledger.used_gpus:
+            if g.pci_address not in ledger.used_gpus and g.pci_address in known_gpus:
                 gpus.setdefault(g.pci_address, g)
         for nic in alloc.all_nics:
             if nic.kind == "vf":
-                free = (nic.pci_address not in ledger.used_vfs
+                free = ((nic.pci_address, nic.pf_pci_address) in known_vfs
+                        and nic.pci_address not in ledger.used_vfs
                         and nic.pf_pci_address not in ledger.used_pfs)
             else:
-                free = (nic.pci_address not in ledger.used_pfs
+                free = (nic.pci_address in known_pfs
+                        and nic.pci_address not in ledger.used_pfs
                         and not ledger.vfs_used_on(nic.pci_address))
             if free:
                 nics.setdefault(nic.pci_address, nic)
@@ -219,6 +230,35 @@ def _free_part(ledger: Ledger, *allocations: Allocation | None) -> Allocation | 
         return None
     return Allocation(node=ledger.topology.node, numa_nodes=(), cpus=None, memory_bytes=(),
                       nics=tuple(nics.values()), gpus=tuple(gpus.values()))
+
+
+def _hold_part(ledger: Ledger, holder: str, part: Allocation) -> bool:
+    """Hold `part` (from `_free_part`) for `holder`; False when even that cannot be held.
+    Its devices exist and are free, so only VF bandwidth shares past what a PF has left can
+    refuse it: the VFs are then held without their shares (every device it may be using
+    stays held; the PF's share count is already past what it has)."""
+    try:
+        ledger.add(holder, part)
+        return True
+    except LedgerConflict:
+        pass
+    bare = replace(part, nics=tuple(replace(n, bandwidth=None) for n in part.nics))
+    try:
+        ledger.add(holder, bare)
+        return True
+    except LedgerConflict:
+        return False
+
+
+def record_fault(topology: NodeTopology, alloc: Allocation) -> str | None:
+    """Why `alloc` could not be held on this node even with nothing else held there (a device
+    the node lacks, a PF held whole with one of its VFs, VF shares past 100 %, more memory
+    than a NUMA node has); None when it could."""
+    try:
+        Ledger(topology).add("record", alloc)
+    except LedgerConflict as e:
+        return str(e)
+    return None
 
 
 class _PodTable(dict[str, BoundPod]):
@@ -289,6 +329,8 @@ class ClusterState:
         self._unhealthy: dict[str, frozenset[str]] = {}
         # Per node, what REWRITING_HOLDER keeps (hold_records), by PCI address.
         self._rewriting: dict[str, Allocation] = {}
+        # Records hold_records refused: ones no node state could hold (`record_fault`).
+        self.refused_records = 0
 
     @classmethod
     def from_cluster_file(cls, path: str | Path,
@@ -984,14 +1026,24 @@ class ClusterState:
                     waiting.remove(p)
                     placed = True
             unbound = set()
-            for p in waiting:
+            for p in list(waiting):
+                fault = record_fault(fresh[p.node].topology, p.allocation)  # type: ignore[arg-type]
+                if fault is not None:
+                    # No other record's move will ever make it fit: refused, not waiting.
+                    # What of it exists and is free is held all the same (the pod may be
+                    # using it); the rest is nobody's.
+                    waiting.remove(p)
+                    self.refused_records += 1
+                    log.warning("pod %s/%s (%s): its record cannot be held on %s (%s); "
+                                "holding only the devices it names that the node has free",
+                                p.namespace, p.name, p.uid, p.node, fault)
                 before = held.get(p.uid)
                 hold = _free_part(fresh[p.node], p.allocation,
                                   before if before is not None and before.node == p.node
                                   else None)
-                if hold is not None:
-                    fresh[p.node].add(p.uid, hold)
-                elif p.uid not in self._pods:
+                if hold is not None and not _hold_part(fresh[p.node], p.uid, hold):
+                    hold = None
+                if hold is None and p.uid not in self._pods:
                     unbound.add(p.uid)  # new, and may take nothing: not bound here
             let_go = {name: [a for a in (self._rewriting.get(name),) if a is not None]
                       for name in fresh}
@@ -1000,8 +1052,8 @@ class ClusterState:
             self._rewriting.clear()
             for name, ledger in fresh.items():
                 n = self._nodes[name]
-                if waiting and (hold := _free_part(ledger, *let_go[name])) is not None:
-                    ledger.add(REWRITING_HOLDER, hold)
+                if (waiting and (hold := _free_part(ledger, *let_go[name])) is not None
+                        and _hold_part(ledger, REWRITING_HOLDER, hold)):
                     self._rewriting[name] = hold
                 n.ledger = ledger
                 self._hold_unhealthy(n)

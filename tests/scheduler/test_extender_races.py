@@ -1,0 +1,82 @@
+"""Interleavings of the API-backed extender (scheduler.cluster_api, service._bind) that once
+lost or doubled a holding, or stopped a watch: each test states the order of events it
+replays. Fed the reflector's Change values and the state's calls directly, as in
+test_cluster_api.py."""
+
+from __future__ import annotations
+
+import msgspec
+from scheduler_helpers import hand_allocation
+
+from railyard.allocation.names import ALLOCATION_ANNOTATION
+from railyard.allocation.request import Request
+from railyard.allocation.types import Allocation
+from railyard.discovery.profiles import build_topology, profile
+from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
+from railyard.kube.reflector import Change
+from railyard.records.allocation import encode_allocation
+from railyard.records.topology import topology_to_json
+from railyard.scheduler.cluster_api import ClusterSync, TopologyObject
+from railyard.scheduler.state import ClusterState
+from railyard.topology.model import NodeTopology
+
+
+def topology(node: str, vfs: int = 2) -> NodeTopology:
+    return build_topology(profile("dgx-h100"), vfs_per_pf=vfs, node=node)
+
+
+def cr(node: str, generation: int = 1, vfs: int = 2) -> TopologyObject:
+    spec = msgspec.json.encode(topology_to_json(topology(node, vfs)))
+    return TopologyObject(ObjectMeta(name=node, generation=generation,
+                                     resource_version=str(generation)), msgspec.Raw(spec))
+
+
+def pod(uid: str, alloc: Allocation | None, phase: str = "Running") -> Pod:
+    annotations = {ALLOCATION_ANNOTATION: encode_allocation(alloc)} if alloc else {}
+    return Pod(ObjectMeta(name=f"p-{uid}", namespace="ml", uid=uid, annotations=annotations),
+               PodSpec(node_name=alloc.node if alloc else ""), PodStatus(phase=phase))
+
+
+def synced(*nodes: str) -> ClusterSync:
+    sync = ClusterSync(ClusterState(()))
+    for n in nodes:
+        sync.on_topology(Change("ADDED", n, cr(n)))
+    return sync
+
+
+def devices(a: Allocation) -> set[str]:
+    return {g.pci_address for g in a.all_gpus} | {n.pci_address for n in a.all_nics}
+
+
+# ---------------------------------------------------------------- records that cannot be held
+
+def test_a_record_naming_a_device_the_node_lacks_is_refused_not_raised():
+    """A pod's record (trusted without --signing-key) names VF 3 of a node with two VFs per
+    PF. It once raised LedgerConflict out of on_pod, through the reflector's handler, and the
+    pod watch stopped for good (during the first list: the extender never started). Now it
+    is refused: what of it the node has and is free (its GPU) stays held, the rest is
+    nobody's, and later pods still bind."""
+    sync = synced("a")
+    bogus = hand_allocation(topology("a", vfs=4), [(0, 0, 3)])
+    sync.on_pod(Change("ADDED", "ml/p-x", pod("x", bogus)))
+    assert sync.state.refused_records == 1
+    held = sync.state.ledger("a").allocation("x")
+    assert held is not None and devices(held) == {bogus.all_gpus[0].pci_address}
+    ok = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1))
+    assert isinstance(ok, Allocation) and not devices(ok) & devices(held)
+    sync.on_pod(Change("DELETED", "ml/p-x", pod("x", bogus)))
+    assert sync.state.ledger("a").allocation("x") is None
+
+
+def test_a_spec_change_dropping_a_held_vf_keeps_the_rest_held():
+    """The agent republishes node a with two VFs per PF while a pod holds VF 3 (of four):
+    restoring the node's pods once raised out of on_topology (the NodeTopology watch). Now
+    the pod keeps its GPU; VF 3 no longer exists."""
+    sync = ClusterSync(ClusterState(()))
+    sync.on_topology(Change("ADDED", "a", cr("a", 1, vfs=4)))
+    held = hand_allocation(topology("a", vfs=4), [(0, 0, 3)])
+    sync.on_pod(Change("ADDED", "ml/p-1", pod("1", held)))
+    sync.on_topology(Change("MODIFIED", "a", cr("a", 2, vfs=2)))
+    now = sync.state.ledger("a").allocation("1")
+    assert now is not None and devices(now) == {held.all_gpus[0].pci_address}
+    assert sync.state.pod("1") is not None
