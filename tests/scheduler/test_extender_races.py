@@ -80,3 +80,32 @@ def test_a_spec_change_dropping_a_held_vf_keeps_the_rest_held():
     now = sync.state.ledger("a").allocation("1")
     assert now is not None and devices(now) == {held.all_gpus[0].pci_address}
     assert sync.state.pod("1") is not None
+
+
+# ---------------------------------------------------------------- a bind not written yet
+
+def test_a_stale_pod_event_between_a_worker_bind_and_its_write_does_not_free_it():
+    """service._bind: state.bind searched in the worker and committed; before the coroutine
+    resumes into PodBinder.bind (which marks the uid `recording`), the loop runs a queued
+    MODIFIED event from before the bind (no node, no record). It once released the hold,
+    the Binding was still written, and the next pod was given the same devices. A pod the
+    API server has not bound frees nothing but by DELETED or a finished phase."""
+    sync = synced("a")
+    req = Request(gpus=8, vfs=8)
+    first = sync.state.bind("1", "ml", "p-1", "a", req)
+    assert isinstance(first, Allocation)
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Pending")))
+    assert sync.state.pod("1") is not None
+    second = sync.state.bind("2", "ml", "p-2", "a", req)
+    assert not isinstance(second, Allocation)
+    sync.on_pod(Change("DELETED", "ml/p-1", pod("1", None, phase="Pending")))
+    assert sync.state.pod("1") is None and isinstance(
+        sync.state.bind("2", "ml", "p-2", "a", req), Allocation)
+
+
+def test_an_unbound_pod_that_failed_frees_what_a_bind_held_for_it():
+    sync = synced("a")
+    assert isinstance(sync.state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1)),
+                      Allocation)
+    sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Failed")))
+    assert sync.state.pod("1") is None

@@ -259,6 +259,13 @@ class ClusterSync:
                     and pod.status.phase not in FINISHED
                     and ALLOCATION_ANNOTATION not in pod.metadata.annotations):
                 return  # an event from before our annotation reached the watch
+            if (change.type != "DELETED" and pod.status.phase not in FINISHED
+                    and not pod.spec.node_name and self.state.pod(uid) is not None):
+                # The API server has not bound it: what the state holds for it is a bind of
+                # ours not written yet (decided in the worker, the loop ran this queued event
+                # before the binder marked it `recording`). The binder frees it if the
+                # Binding fails; a pod that goes away says so with DELETED.
+                return
             self.written.discard(uid)
             self._held.pop(uid, None)
             settling = self._unsettled.pop(uid, None) is not None
