@@ -5,12 +5,16 @@ test_cluster_api.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 from scheduler_helpers import hand_allocation
 
+from railyard.allocation.allocator import Allocator
+from railyard.allocation.ledger import Ledger
 from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.request import Request
-from railyard.allocation.types import Allocation
+from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import build_topology, profile
 from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
@@ -109,3 +113,72 @@ def test_an_unbound_pod_that_failed_frees_what_a_bind_held_for_it():
                       Allocation)
     sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Failed")))
     assert sync.state.pod("1") is None
+
+
+# ---------------------------------------------------------------- a node replaced mid-bind
+
+class _HookAfterSearch(Allocator):
+    """Runs `hook` once, after the search and before state.bind commits: what the loop may
+    do while the worker searches."""
+
+    hook: Callable[[], None] | None = None
+
+    def allocate(self, topology: NodeTopology, ledger: Ledger,
+                 request: Request) -> Allocation | Infeasible:
+        out = super().allocate(topology, ledger, request)
+        if self.hook is not None:
+            hook, self.hook = self.hook, None
+            hook()
+        return out
+
+
+def test_a_bind_whose_node_is_replaced_during_its_search_is_held_on_the_new_node():
+    """The worker searches node a; meanwhile the loop applies a NodeTopology spec change
+    (remove_node + add_node). The commit once compared the old node's ledger, untouched,
+    and held the devices there, in a ledger nobody reads: the pod was recorded on a but the
+    new ledger never held it, and a second pod got the same GPUs. The commit now checks the
+    node is still the one registered under its name, and searches again on the new one."""
+    allocator = _HookAfterSearch()
+    sync = ClusterSync(ClusterState((), allocator))
+    sync.on_topology(Change("ADDED", "a", cr("a")))
+    allocator.hook = lambda: sync.on_topology(Change("MODIFIED", "a", cr("a", 2, vfs=4)))
+    req = Request(gpus=8, vfs=8)
+    first = sync.state.bind("1", "ml", "p-1", "a", req)
+    assert isinstance(first, Allocation) and sync.state.pod("1") is not None
+    assert sync.state.ledger("a").allocation("1") == first
+    assert not isinstance(sync.state.bind("2", "ml", "p-2", "a", req), Allocation)
+
+
+def test_a_bind_being_written_when_its_node_is_replaced_is_held_on_the_new_node():
+    """Bound (the Binding in flight, no event for the pod yet), then node a's spec changes:
+    the replaced node dropped the pod, and only records seen on the watch were held again,
+    so the new ledger had the devices free. The dropped binds are now held again too."""
+    sync = synced("a")
+    req = Request(gpus=8, vfs=8)
+    first = sync.state.bind("1", "ml", "p-1", "a", req)
+    assert isinstance(first, Allocation)
+    sync.recording.add("1")
+    sync.on_topology(Change("MODIFIED", "a", cr("a", 2, vfs=4)))
+    assert sync.state.pod("1") is not None
+    assert devices(sync.state.ledger("a").allocation("1")) == devices(first)  # type: ignore[arg-type]
+    assert not isinstance(sync.state.bind("2", "ml", "p-2", "a", req), Allocation)
+
+
+def test_a_bind_whose_node_leaves_during_its_search_is_refused_and_nothing_raises():
+    """The node is deleted while the worker searches: the bind once committed to the gone
+    node's ledger, and the pod's later release raised KeyError out of on_pod (the pod watch).
+    Now the bind answers unknown node, and a release never needs the node."""
+    allocator = _HookAfterSearch()
+    sync = ClusterSync(ClusterState((), allocator))
+    sync.on_topology(Change("ADDED", "a", cr("a")))
+    allocator.hook = lambda: sync.on_topology(Change("DELETED", "a", cr("a")))
+    got = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1))
+    assert isinstance(got, Infeasible) and got.unresolvable and sync.state.pod("1") is None
+    sync.on_pod(Change("DELETED", "ml/p-1", pod("1", None)))
+
+
+def test_releasing_a_pod_whose_node_is_gone_forgets_it():
+    state = ClusterState([topology("a")])
+    assert isinstance(state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1)), Allocation)
+    del state._nodes["a"]  # what a commit to a replaced node once left behind
+    assert state.release("1") is not None and state.pod("1") is None

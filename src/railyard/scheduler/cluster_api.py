@@ -197,11 +197,14 @@ class ClusterSync:
                         "fixed", name, e)
             self._forget_node(name)
             return False
-        self._forget_node(name)
+        gone = self._forget_node(name)
         self._spec[name] = (generation, key)
         self.state.add_node(topology)
         for pod in [p for p in self._held.values() if p.node == name]:
             self._restore(pod)
+        for pod in gone:  # our binds whose record has not come back through the watch yet
+            if pod.uid not in self._held:
+                self._settle([pod])
         self._changed()
         return True
 
@@ -234,12 +237,15 @@ class ClusterSync:
         if bad != self.state.unhealthy(name):
             self.state.set_unhealthy(name, bad)  # no pod changed: no on_pods_changed
 
-    def _forget_node(self, name: str) -> None:
+    def _forget_node(self, name: str) -> list[BoundPod]:
+        """Drop the node and what it held; the pods it held are returned."""
         known = self._spec.pop(name, None)
         if known is not None:
             self.shapes.drop(known[1])
-        if self.state.remove_node(name):
+        gone = self.state.remove_node(name)
+        if gone:
             self._changed()
+        return gone
 
     # ------------------------------------------------------------------ pods
 

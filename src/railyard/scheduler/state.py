@@ -870,11 +870,13 @@ class ClusterState:
         Idempotent: binding a UID again to the node it holds returns its Allocation. Without
         `search`, only from the allocator's memo: NeedsSearch (nothing held) otherwise.
         """
-        n = self._nodes.get(node)
-        if n is None:
-            return Infeasible(unknown_node_reason(node), unresolvable=True)
         who = f"pod {namespace}/{name} ({uid})"
         for _ in range(_BIND_TRIES):
+            # Looked up on each try: the node may have been replaced (a new NodeTopology
+            # shape) or removed while the last try searched.
+            n = self._nodes.get(node)
+            if n is None:
+                return Infeasible(unknown_node_reason(node), unresolvable=True)
             with n.lock:
                 held = self._pods.get(uid)
                 if held is not None:
@@ -891,8 +893,11 @@ class ClusterState:
             if isinstance(result, Infeasible):
                 return result
             with n.lock:
-                if n.ledger is not ledger or ledger.changes != changes:
-                    continue  # the node changed while we searched: decide on what it is now
+                if (self._nodes.get(node) is not n or n.ledger is not ledger
+                        or ledger.changes != changes):
+                    # The node changed while we searched, or was replaced or removed (its
+                    # old ledger is no one's now): decide on what it is now.
+                    continue
                 alloc = result.stamped("scheduler", decided_at or now_rfc3339())
                 with self._pods_lock:
                     if uid in self._pods:  # the same UID raced onto another node
@@ -932,7 +937,13 @@ class ClusterState:
         pod = self._pods.get(uid)
         if pod is None:
             return None
-        n = self._nodes[pod.node]
+        n = self._nodes.get(pod.node)
+        if n is None:  # its node left meanwhile: nothing held, only the record to forget
+            with self._pods_lock:
+                if self._pods.get(uid) is not pod:
+                    return None
+                del self._pods[uid]
+            return pod
         with n.lock, self._pods_lock:
             if self._pods.get(uid) is not pod:
                 return None  # released (or rebound) meanwhile
