@@ -5,7 +5,9 @@ test_cluster_api.py."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from scheduler_helpers import hand_allocation
@@ -20,7 +22,8 @@ from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
 from railyard.records.allocation import encode_allocation
 from railyard.records.topology import topology_to_json
-from railyard.scheduler.cluster_api import ClusterSync, TopologyObject
+from railyard.scheduler.cluster_api import ClusterSync, PodBinder, TopologyObject
+from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
 
@@ -182,3 +185,62 @@ def test_releasing_a_pod_whose_node_is_gone_forgets_it():
     assert isinstance(state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1)), Allocation)
     del state._nodes["a"]  # what a commit to a replaced node once left behind
     assert state.release("1") is not None and state.pod("1") is None
+
+
+# ---------------------------------------------------------------- a pod gone mid-Binding
+
+class _EventsDuringCreate:
+    """The API as PodBinder sees it: the Binding lands, and before its reply reaches the
+    binder the watch delivers `events` (run on the loop while the create is awaited)."""
+
+    def __init__(self, events: list[Callable[[], None]]) -> None:
+        self.events = events
+
+    async def create(self, path: str, body: Any, type_: object) -> None:
+        if body.get("kind") == "Binding":
+            for event in self.events:
+                event()
+
+
+def _bind_through(sync: ClusterSync, bound: Allocation,
+                  events: list[Callable[[], None]]) -> None:
+    async def main() -> None:
+        binder = PodBinder(_EventsDuringCreate(events), sync)  # type: ignore[arg-type]
+        await binder.bind(BoundPod("ml", "p-1", "1", "a", bound))
+        await binder.events.drain()
+    asyncio.run(main())
+
+
+def test_a_pod_deleted_while_its_binding_is_in_flight_is_freed():
+    """The Binding lands, the pod is bound, then deleted, and both events arrive while the
+    create's reply is still on its way (the uid is `recording`). on_pod once dropped every
+    event of a recording pod, DELETED included: no later event came, the devices stayed
+    held for good and the uid stayed in `written`. A DELETED or finished pod is now freed at
+    once, whatever the Binding's outcome."""
+    sync = synced("a")
+    bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=8, vfs=8))
+    assert isinstance(bound, Allocation)
+    _bind_through(sync, bound, [
+        lambda: sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", bound))),
+        lambda: sync.on_pod(Change("DELETED", "ml/p-1", pod("1", bound)))])
+    assert sync.state.pod("1") is None and "1" not in sync.written
+    assert list(sync.state.ledger("a").holders()) == []
+
+
+def test_a_pod_that_finished_while_its_binding_was_in_flight_is_freed():
+    sync = synced("a")
+    bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1))
+    assert isinstance(bound, Allocation)
+    _bind_through(sync, bound, [
+        lambda: sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", bound, phase="Succeeded")))])
+    assert sync.state.pod("1") is None and "1" not in sync.written
+
+
+def test_a_recording_pods_own_events_are_still_left_to_the_binder():
+    sync = synced("a")
+    bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=1, vfs=1))
+    assert isinstance(bound, Allocation)
+    _bind_through(sync, bound, [
+        lambda: sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Pending"))),
+        lambda: sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", bound)))])
+    assert sync.state.pod("1") is not None and "1" in sync.written

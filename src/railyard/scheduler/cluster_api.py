@@ -252,8 +252,13 @@ class ClusterSync:
     def on_pod(self, change: Change[Pod]) -> None:
         pod = change.object
         uid = pod.metadata.uid
-        if uid in self.recording:
+        if uid in self.recording and change.type != "DELETED" and (
+                pod.status.phase not in FINISHED):
             return  # the binder decides, and rolls back itself if it fails
+        # A pod gone or finished while its Binding is in flight frees its devices now,
+        # whatever the Binding's outcome: no later event would (the binder's own rollback
+        # on failure is then a no-op, and it does not mark a pod it no longer holds
+        # `written`).
         alloc = None if change.type == "DELETED" else pod_allocation(pod, self.trust)
         if (alloc is None and self.trust.enforced and change.type != "DELETED"
                 and ALLOCATION_ANNOTATION in pod.metadata.annotations):
@@ -385,8 +390,8 @@ class PodBinder:
                 {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                  "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
                 Status)
-            if pod.allocation is not None:
-                self.sync.written.add(pod.uid)
+            if pod.allocation is not None and self.sync.state.pod(pod.uid) is not None:
+                self.sync.written.add(pod.uid)  # not when it went away meanwhile
         finally:
             self.sync.recording.discard(pod.uid)
         if pod.allocation is not None:
