@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import pytest
 from scheduler_helpers import hand_allocation
 
 from railyard.allocation.allocator import Allocator
@@ -18,12 +19,15 @@ from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import build_topology, profile
+from railyard.kube.client import ApiError, ApiUnavailable
 from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
 from railyard.records.allocation import encode_allocation
 from railyard.records.topology import topology_to_json
+from railyard.scheduler import cluster_api
 from railyard.scheduler.cluster_api import ClusterSync, PodBinder, TopologyObject
 from railyard.scheduler.cluster_file import BoundPod
+from railyard.scheduler.service import Extender
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
 
@@ -244,3 +248,88 @@ def test_a_recording_pods_own_events_are_still_left_to_the_binder():
         lambda: sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", None, phase="Pending"))),
         lambda: sync.on_pod(Change("MODIFIED", "ml/p-1", pod("1", bound)))])
     assert sync.state.pod("1") is not None and "1" in sync.written
+
+
+# ---------------------------------------------------------------- a Binding that failed late
+
+class _LandsThenFails:
+    """The API server applies the Binding (or not: `lands`), then the create fails as a
+    timeout or a 5xx would; GET answers the pod as it is then (or fails: `readable`)."""
+
+    def __init__(self, error: Exception, lands: bool, readable: bool = True) -> None:
+        self.error, self.lands, self.readable = error, lands, readable
+        self.bound: Pod | None = None
+        self.gets = 0
+
+    async def create(self, path: str, body: Any, type_: object) -> None:
+        if body.get("kind") != "Binding":
+            return
+        if self.lands:
+            meta = body["metadata"]
+            self.bound = Pod(ObjectMeta(name=meta["name"], namespace=meta["namespace"],
+                                        uid=meta["uid"], annotations=meta["annotations"]),
+                             PodSpec(node_name=body["target"]["name"]),
+                             PodStatus(phase="Pending"))
+        raise self.error
+
+    async def get(self, path: str, type_: object) -> Pod:
+        self.gets += 1
+        if not self.readable:
+            raise ApiUnavailable(f"GET {path}: connection reset")
+        if self.bound is not None:
+            return self.bound
+        return Pod(ObjectMeta(name="p-1", namespace="ml", uid="1"), PodSpec(),
+                   PodStatus(phase="Pending"))
+
+
+def _write_through(client: _LandsThenFails) -> tuple[ClusterSync, str]:
+    sync = synced("a")
+    bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=8, vfs=8))
+    assert isinstance(bound, Allocation)
+    ext = Extender(sync.state, PodBinder(client, sync))  # type: ignore[arg-type]
+
+    async def main() -> str:
+        error = await ext._write(BoundPod("ml", "p-1", "1", "a", bound), "pod ml/p-1 (1)")
+        assert ext.writer is not None
+        await ext.writer.events.drain()  # type: ignore[attr-defined]
+        return error
+    return sync, asyncio.run(main())
+
+
+def test_a_binding_that_landed_before_its_create_timed_out_keeps_its_devices(
+        monkeypatch: pytest.MonkeyPatch):
+    """The Binding is applied, then the create's reply is lost (timeout, connection reset,
+    a 5xx, or a 409 on a retry of it). _write once released the devices on any failure: the
+    pod ran with them while the next pod was given them. The binder now reads the pod back
+    and, finding it on our node with the record, counts the bind as written."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0, 0.0, 0.0), raising=False)
+    for error in (ApiUnavailable("POST binding: TimeoutError"),
+                  ApiError(504, "Timeout", "", "POST binding"),
+                  ApiError(409, "Conflict", "pod already assigned", "POST binding")):
+        client = _LandsThenFails(error, lands=True)
+        sync, answer = _write_through(client)
+        assert answer == "" and sync.state.pod("1") is not None and "1" in sync.written, error
+
+
+def test_a_binding_proven_not_landed_is_rolled_back_and_a_refusal_is_not_read_back(
+        monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0, 0.0, 0.0), raising=False)
+    client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False)
+    sync, answer = _write_through(client)
+    assert "nothing held" in answer and sync.state.pod("1") is None and client.gets == 1
+    client = _LandsThenFails(ApiError(403, "Forbidden", "", "POST binding"), lands=False)
+    sync, answer = _write_through(client)
+    assert "nothing held" in answer and sync.state.pod("1") is None and client.gets == 0
+
+
+def test_a_binding_whose_outcome_cannot_be_read_back_keeps_its_devices(
+        monkeypatch: pytest.MonkeyPatch):
+    """The create failed ambiguously and every GET of the pod failed too (bounded): the
+    devices stay held (the pod may be running with them), kube-scheduler is answered an
+    error and retries to the same node."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0, 0.0, 0.0), raising=False)
+    client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=True,
+                             readable=False)
+    sync, answer = _write_through(client)
+    assert "stay held" in answer and sync.state.pod("1") is not None and client.gets == 3
+    assert "1" not in sync.recording

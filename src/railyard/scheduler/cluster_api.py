@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from railyard.allocation.jobs import job_of
 from railyard.allocation.names import ALLOCATION_ANNOTATION, KOORDINATOR_DEVICE_ALLOCATED
 from railyard.allocation.types import Allocation
-from railyard.kube.client import Client
+from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.events import EventSender, event_body, event_time
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
@@ -44,6 +44,7 @@ from railyard.records.signature import (
     sign_record,
 )
 from railyard.scheduler.cluster_file import BoundPod
+from railyard.scheduler.service import WriteOutcomeUnknown
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
 
@@ -385,11 +386,23 @@ class PodBinder:
                     metadata["annotations"][KOORDINATOR_DEVICE_ALLOCATED] = koordinator
         self.sync.recording.add(pod.uid)
         try:
-            await self.client.create(
-                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
-                {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
-                 "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
-                Status)
+            try:
+                await self.client.create(
+                    f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
+                    {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
+                     "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
+                    Status)
+            except (ApiUnavailable, ApiError) as e:
+                if isinstance(e, ApiError) and not ambiguous(e):
+                    raise  # refused before anything was applied
+                landed = await self._landed(pod)
+                if landed is None:
+                    raise WriteOutcomeUnknown(f"{e}; and the pod could not be read back "
+                                              "to tell whether the Binding landed") from e
+                if not landed:
+                    raise
+                log.info("pod %s/%s: the Binding landed on %s although its create failed "
+                         "(%s)", pod.namespace, pod.name, pod.node, e)
             if pod.allocation is not None and self.sync.state.pod(pod.uid) is not None:
                 self.sync.written.add(pod.uid)  # not when it went away meanwhile
         finally:
@@ -400,6 +413,31 @@ class PodBinder:
             fallback = fallback_text(pod.allocation)
             if fallback is not None:
                 self._event(pod, AFFINITY_FALLBACK, fallback)
+
+    async def _landed(self, pod: BoundPod) -> bool | None:
+        """Whether our Binding for `pod` is on it, read back from the API server: True when
+        the pod (this uid) is on our node with a record (or asked for none), False when it is
+        gone, another pod, unbound or bound elsewhere; None when it could not be read in
+        len(READ_BACK_DELAYS_S) tries."""
+        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+        for delay in READ_BACK_DELAYS_S:
+            await asyncio.sleep(delay)
+            try:
+                now = await self.client.get(path, Pod)
+            except ApiError as e:
+                if e.not_found:
+                    return False
+                log.warning("pod %s/%s: reading it back after a failed Binding: %s",
+                            pod.namespace, pod.name, e)
+                continue
+            except (ApiUnavailable, msgspec.DecodeError) as e:
+                log.warning("pod %s/%s: reading it back after a failed Binding: %s",
+                            pod.namespace, pod.name, e)
+                continue
+            return (now.metadata.uid == pod.uid and now.spec.node_name == pod.node
+                    and (pod.allocation is None
+                         or ALLOCATION_ANNOTATION in now.metadata.annotations))
+        return None
 
     def _device_allocated(self, alloc: Allocation) -> str | None:
         """Koordinator's form of `alloc`, from the node's topology as the state holds it; None
@@ -418,6 +456,19 @@ class PodBinder:
         self.events.send(event_body(involved, pod.namespace, reason, message,
                                     component=COMPONENT, instance=self.instance,
                                     now=event_time()))
+
+
+# Reading a pod back after a Binding create failed ambiguously (PodBinder._landed): the
+# waits before each GET, about 3.5 s in all, bounded whatever the API server does.
+READ_BACK_DELAYS_S = (0.0, 0.5, 1.0, 2.0)
+
+
+def ambiguous(e: ApiError) -> bool:
+    """A Binding create's error after which it may have landed all the same: 409 (the pod
+    already has a node, perhaps from this very bind whose first reply was lost) and 5xx
+    (a timeout or failure past the point the server may have applied it). Any other 4xx
+    is a refusal: nothing was applied."""
+    return e.conflict or e.status >= 500
 
 
 # The Event reason of a pod whose worst pair is worse than its `preferDistance` (0091).

@@ -75,6 +75,14 @@ class ClusterWriter(Protocol):
     async def bind(self, pod: BoundPod) -> None: ...
 
 
+class WriteOutcomeUnknown(Exception):
+    """A writer could not tell whether its write landed (the request failed in a way that
+    may have come after the server applied it, and reading back failed too): the devices
+    stay held, as for a pod that may be running with them. kube-scheduler's retry of the
+    bind comes to the same node (filter offers a holding pod only its node) and writes
+    again; the pod's watch events settle it meanwhile."""
+
+
 class Leadership(Protocol):
     """Whether this replica may write (`railyard.kube.lease.Elector`, decision 0074)."""
 
@@ -438,7 +446,11 @@ class Extender:
             return ""
         try:
             await self.writer.bind(pod)
-        except Exception as e:  # any writer failure: undo, let kube-scheduler retry
+        except WriteOutcomeUnknown as e:  # it may have landed: releasing could double-grant
+            self.metrics.failure("bind", m.WRITE_FAILED)
+            log.warning("recording %s on %s may or may not have landed: %s", who, pod.node, e)
+            return f"recording {who} on {pod.node} failed (its devices stay held): {e}"
+        except Exception as e:  # any other writer failure: undo, let kube-scheduler retry
             self.state.release(pod.uid)
             self.metrics.failure("bind", m.WRITE_FAILED)
             log.warning("recording %s on %s failed: %s", who, pod.node, e)
