@@ -333,3 +333,46 @@ def test_a_binding_whose_outcome_cannot_be_read_back_keeps_its_devices(
     sync, answer = _write_through(client)
     assert "stay held" in answer and sync.state.pod("1") is not None and client.gets == 3
     assert "1" not in sync.recording
+
+
+# ---------------------------------------------------------------- one job, two binds at once
+
+def test_two_binds_of_one_required_job_in_flight_at_once_get_one_rail_sequence():
+    """Pod A of a `rails: required` job needs a search: its bind waits for the worker.
+    Meanwhile pod B of the same job is bound on another node. B once read the job's rails
+    before A had committed (none yet) and picked its own, and state.bind never re-checks them:
+    the job held two sequences. A job's binds now take turns from reading its rails to
+    committing, so B waits for A and follows its rails."""
+    from test_extender_rails import cluster, job_pod
+
+    from railyard.scheduler.wire import ExtenderBindingArgs, pod_facts
+
+    state = cluster()
+    ext = Extender(state)
+    hints = {"rails": "required"}
+    pa, pb = job_pod("ja", hints), job_pod("jb", hints)
+    for p in (pa, pb):
+        ext.pods.put(pod_facts(p))
+    real = ext._in_worker
+    first = True
+    b_done: list[asyncio.Task[str]] = []
+
+    async def worker_with_b_meanwhile(fn: Any, *args: Any) -> Any:
+        nonlocal first
+        if first:  # A's search is queued: B's bind arrives and is served meanwhile
+            first = False
+            b_done.append(asyncio.ensure_future(
+                ext.bind_pod(ExtenderBindingArgs("pod-jb", "ml", "jb", "n2"))))
+            for _ in range(20):
+                await asyncio.sleep(0)
+        return await real(fn, *args)
+    ext._in_worker = worker_with_b_meanwhile  # type: ignore[method-assign]
+
+    async def go() -> None:
+        assert await ext.bind_pod(ExtenderBindingArgs("pod-ja", "ml", "ja", "n1")) == ""
+        assert await b_done[0] == ""
+    asyncio.run(go())
+    a, b = state.pod("ja"), state.pod("jb")
+    assert a is not None and b is not None and a.allocation and b.allocation
+    assert a.allocation.rails == b.allocation.rails, "one required job, two rail sequences"
+    assert ext._job_turns == {}

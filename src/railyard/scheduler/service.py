@@ -15,13 +15,14 @@ admin call's token are opt-in (`access`, docs/decisions/0083).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import ssl
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -180,6 +181,9 @@ class Extender:
         # Binds whose writes are in flight, by UID: a retry of the same bind waits for the
         # first one's outcome instead of allocating twice.
         self._inflight: dict[str, asyncio.Task[str]] = {}
+        # Per job whose rails steer its pods: [the lock its binds take turns deciding under,
+        # how many binds hold or wait for it] (`_job_turn`).
+        self._job_turns: dict[str, list[Any]] = {}
         # Releases being recorded, by UID: a bind waits for one, so it never answers "already
         # bound" for devices about to be freed.
         self._releasing: dict[str, asyncio.Future[None]] = {}
@@ -422,13 +426,19 @@ class Extender:
             if not error:
                 self.metrics.pods.set(self.state.pod_count())
             return error
-        # The job's rails as of now: a pod of the job bound since this one's filter counts.
-        request = self.state.job_request(facts.request, facts.job)
-        bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, request)
-        try:  # on the loop when the allocator's memo holds the answer (filter asked it)
-            result = self.state.bind(*bind, search=False, job=facts.job)
-        except NeedsSearch:
-            result = await self._in_worker(partial(self.state.bind, job=facts.job), *bind)
+        r = facts.request
+        steered = facts.job if r.gpus and r.rail_policy != "none" else None
+        async with self._job_turn(steered):
+            # The job's rails as of now: a pod of the job bound since this one's filter
+            # counts. One bind of a job at a time reads them and commits (docs/rails.md):
+            # two in flight at once would each pick rails without the other's.
+            request = self.state.job_request(r, facts.job)
+            bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, request)
+            try:  # on the loop when the allocator's memo holds the answer (filter asked it)
+                result = self.state.bind(*bind, search=False, job=facts.job)
+            except NeedsSearch:
+                result = await self._in_worker(partial(self.state.bind, job=facts.job),
+                                               *bind)
         if isinstance(result, Infeasible):
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"
@@ -440,6 +450,25 @@ class Extender:
             self.metrics.achieved(result)
             self.metrics.pods.set(self.state.pod_count())
         return error
+
+    @contextlib.asynccontextmanager
+    async def _job_turn(self, job: str | None) -> AsyncIterator[None]:
+        """This job's turn to decide a bind (None: no job whose rails steer; no wait). The
+        lock lives while some bind of the job holds or waits for it."""
+        if job is None:
+            yield
+            return
+        entry = self._job_turns.get(job)
+        if entry is None:
+            entry = self._job_turns[job] = [asyncio.Lock(), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._job_turns[job]
 
     async def _write(self, pod: BoundPod, who: str) -> str:
         if self.writer is None:
