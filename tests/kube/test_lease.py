@@ -182,3 +182,15 @@ def test_a_restarted_replica_with_the_same_identity_renews_its_own_lease():
 def test_timings_that_could_let_two_leaders_overlap_are_refused():
     with pytest.raises(ValueError, match="renew deadline < lease duration"):
         Elector(MemoryLease(), "a", lease_duration_s=10, renew_deadline_s=10)
+
+
+def test_time_left_counts_down_to_the_renew_deadline_and_is_zero_for_a_follower():
+    store, clock = MemoryLease(), Clock()
+    a, b = elector(store, clock, "a"), elector(store, clock, "b")
+    assert a.time_left() == 0
+    assert step(a) and not step(b)
+    assert a.time_left() == 10 and b.time_left() == 0
+    clock.t += 7.5
+    assert a.time_left() == 2.5 and a.is_leader()
+    clock.t += 2.5
+    assert a.time_left() == 0 and not a.is_leader()

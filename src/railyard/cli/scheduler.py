@@ -340,7 +340,8 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                     "%s %s the lease %s", identity, "holds" if leads else "does not hold",
                     lease)
             cluster = ApiCluster(c, state, elector.is_leader if elector else None,
-                                 signing_key, koordinator)
+                                 signing_key, koordinator,
+                                 elector.time_left if elector else None)
             await cluster.start()
             # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,

@@ -10,7 +10,7 @@ carrying the server's Status; a connection that fails is `ApiUnavailable`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
 import aiohttp
@@ -150,10 +150,17 @@ class Client:
 
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                       body: Any = None, content_type: str = "application/json",
-                      timeout_s: float | None = None) -> bytes:
+                      timeout_s: float | None = None,
+                      before_send: Callable[[], float | None] | None = None) -> bytes:
         """One request; the answer's body, or ApiError / ApiUnavailable (ApiUnreachable when
-        no connection could be made)."""
+        no connection could be made). `before_send` is called once the rate limit lets the
+        request go, right before it is sent: it may raise (nothing is sent), and the seconds
+        it returns cap the request's timeout (None: no cap)."""
         await self.limit.wait()
+        if before_send is not None:
+            cap = before_send()
+            if cap is not None:
+                timeout_s = max(min(timeout_s or self.timeout.total or cap, cap), 1e-3)
         data = None if body is None else (
             body if isinstance(body, bytes) else msgspec.json.encode(body))
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
@@ -200,8 +207,10 @@ class Client:
                 return items, page.metadata.resource_version
             query["continue"] = page.metadata.continue_
 
-    async def create(self, path: str, body: Any, type_: type[T]) -> T:
-        return msgspec.json.decode(await self.request("POST", path, body=body), type=type_)
+    async def create(self, path: str, body: Any, type_: type[T], *,
+                     before_send: Callable[[], float | None] | None = None) -> T:
+        return msgspec.json.decode(
+            await self.request("POST", path, body=body, before_send=before_send), type=type_)
 
     async def put(self, path: str, body: Any, type_: type[T]) -> T:
         return msgspec.json.decode(await self.request("PUT", path, body=body), type=type_)

@@ -103,6 +103,13 @@ class Elector:
         return (self._renewed_at is not None
                 and self.clock() - self._renewed_at < self.renew_deadline_s)
 
+    def time_left(self) -> float:
+        """Seconds before the renew deadline (as `is_leader` counts it); 0 when not leader:
+        how long a write started now may still wait for its answer as the leader's."""
+        if self._renewed_at is None:
+            return 0.0
+        return max(0.0, self.renew_deadline_s - (self.clock() - self._renewed_at))
+
     async def step(self) -> bool:
         """One try to acquire or renew; whether we lead afterwards."""
         try:

@@ -356,8 +356,12 @@ class PodBinder:
     def __init__(self, client: Client, sync: ClusterSync,
                  fence: Callable[[], bool] | None = None,
                  signing_key: Ed25519PrivateKey | None = None,
-                 koordinator: bool = False) -> None:
+                 koordinator: bool = False,
+                 lease_left: Callable[[], float] | None = None) -> None:
         self.client, self.sync = client, sync
+        # Seconds this replica still leads (`Elector.time_left`): checked again once the
+        # client's rate limit lets the Binding go, and the create's timeout is capped to it.
+        self.lease_left = lease_left
         self.signing_key = signing_key  # signs each record for its pod (decision 0087)
         # Also write Koordinator's device-allocated annotation (decision 0095): off unless
         # --koordinator-annotation, for mixed clusters whose koordlet hooks read it.
@@ -386,12 +390,15 @@ class PodBinder:
                     metadata["annotations"][KOORDINATOR_DEVICE_ALLOCATED] = koordinator
         self.sync.recording.add(pod.uid)
         try:
+            fenced: dict[str, Any] = {}
+            if self.fence is not None or self.lease_left is not None:
+                fenced["before_send"] = lambda: self._still_leading(pod)
             try:
                 await self.client.create(
                     f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
                     {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                      "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
-                    Status)
+                    Status, **fenced)
             except (ApiUnavailable, ApiError) as e:
                 if isinstance(e, ApiError) and not ambiguous(e):
                     raise  # refused before anything was applied
@@ -413,6 +420,15 @@ class PodBinder:
             fallback = fallback_text(pod.allocation)
             if fallback is not None:
                 self._event(pod, AFFINITY_FALLBACK, fallback)
+
+    def _still_leading(self, pod: BoundPod) -> float | None:
+        """Right before the Binding is sent (the rate limit may have held it for seconds):
+        NotLeader if the lease was lost meanwhile, else the seconds left to wait for it."""
+        left = self.lease_left() if self.lease_left is not None else None
+        if (self.fence is not None and not self.fence()) or (left is not None and left <= 0):
+            raise NotLeader(f"pod {pod.namespace}/{pod.name}: this replica lost the leader's "
+                            "lease while its bind waited to be sent")
+        return left
 
     async def _landed(self, pod: BoundPod) -> bool | None:
         """Whether our Binding for `pod` is on it, read back from the API server: True when
@@ -497,7 +513,8 @@ class ApiCluster:
     def __init__(self, client: Client, state: ClusterState,
                  fence: Callable[[], bool] | None = None,
                  signing_key: Ed25519PrivateKey | None = None,
-                 koordinator: bool = False) -> None:
+                 koordinator: bool = False,
+                 lease_left: Callable[[], float] | None = None) -> None:
         self.client = client
         self.sync = ClusterSync(state)
         if signing_key is not None:
@@ -505,7 +522,8 @@ class ApiCluster:
         self.topologies: Reflector[TopologyObject] = Reflector(
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
         self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
-        self.binder = PodBinder(client, self.sync, fence, signing_key, koordinator)
+        self.binder = PodBinder(client, self.sync, fence, signing_key, koordinator,
+                                lease_left)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout_s: float = 120.0) -> None:
