@@ -7,52 +7,25 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+from api_objects import cr, pod, synced, topology
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scheduler_helpers import hand_allocation
 
-from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
-from railyard.discovery.profiles import build_topology, profile
 from railyard.kube.events import MAX_PENDING_EVENTS
 from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
-from railyard.records.allocation import encode_allocation
 from railyard.records.nodetopology_cr import (
     DeviceCounts,
     NodeTopologyStatus,
     UnhealthyDevice,
     status_to_json,
 )
-from railyard.records.topology import topology_to_json
 from railyard.scheduler.cluster_api import ClusterSync, PodBinder, TopologyObject
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import UNHEALTHY_HOLDER, ClusterState
-from railyard.topology.model import NodeTopology
-
-
-def topology(node: str, kind: str = "dgx-h100") -> NodeTopology:
-    return build_topology(profile(kind), vfs_per_pf=2, node=node)
-
-
-def cr(node: str, kind: str = "dgx-h100", generation: int = 1) -> TopologyObject:
-    spec = msgspec.json.encode(topology_to_json(topology(node, kind)))
-    return TopologyObject(ObjectMeta(name=node, generation=generation,
-                                     resource_version=str(generation)), msgspec.Raw(spec))
-
-
-def pod(uid: str, alloc: Allocation | None, phase: str = "Running") -> Pod:
-    annotations = {ALLOCATION_ANNOTATION: encode_allocation(alloc)} if alloc else {}
-    return Pod(ObjectMeta(name=f"p-{uid}", namespace="ml", uid=uid, annotations=annotations),
-               PodSpec(node_name=alloc.node if alloc else ""), PodStatus(phase=phase))
-
-
-def synced(*nodes: str) -> ClusterSync:
-    sync = ClusterSync(ClusterState(()))
-    for n in nodes:
-        sync.on_topology(Change("ADDED", n, cr(n)))
-    return sync
 
 
 def test_nodes_of_one_hardware_kind_share_one_decoded_topology():

@@ -9,50 +9,23 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import pytest
+from api_objects import cr, pod, synced, topology
 from scheduler_helpers import hand_allocation
 
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger
-from railyard.allocation.names import ALLOCATION_ANNOTATION
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
-from railyard.discovery.profiles import build_topology, profile
 from railyard.kube.client import ApiError, ApiUnavailable
 from railyard.kube.objects import ObjectMeta, Pod, PodSpec, PodStatus
 from railyard.kube.reflector import Change
-from railyard.records.allocation import encode_allocation
-from railyard.records.topology import topology_to_json
 from railyard.scheduler import cluster_api
-from railyard.scheduler.cluster_api import ClusterSync, PodBinder, TopologyObject
+from railyard.scheduler.cluster_api import ClusterSync, PodBinder
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.service import Extender
 from railyard.scheduler.state import ClusterState
 from railyard.topology.model import NodeTopology
-
-
-def topology(node: str, vfs: int = 2) -> NodeTopology:
-    return build_topology(profile("dgx-h100"), vfs_per_pf=vfs, node=node)
-
-
-def cr(node: str, generation: int = 1, vfs: int = 2) -> TopologyObject:
-    spec = msgspec.json.encode(topology_to_json(topology(node, vfs)))
-    return TopologyObject(ObjectMeta(name=node, generation=generation,
-                                     resource_version=str(generation)), msgspec.Raw(spec))
-
-
-def pod(uid: str, alloc: Allocation | None, phase: str = "Running") -> Pod:
-    annotations = {ALLOCATION_ANNOTATION: encode_allocation(alloc)} if alloc else {}
-    return Pod(ObjectMeta(name=f"p-{uid}", namespace="ml", uid=uid, annotations=annotations),
-               PodSpec(node_name=alloc.node if alloc else ""), PodStatus(phase=phase))
-
-
-def synced(*nodes: str) -> ClusterSync:
-    sync = ClusterSync(ClusterState(()))
-    for n in nodes:
-        sync.on_topology(Change("ADDED", n, cr(n)))
-    return sync
 
 
 def devices(a: Allocation) -> set[str]:
@@ -84,10 +57,10 @@ def test_a_spec_change_dropping_a_held_vf_keeps_the_rest_held():
     restoring the node's pods once raised out of on_topology (the NodeTopology watch). Now
     the pod keeps its GPU; VF 3 no longer exists."""
     sync = ClusterSync(ClusterState(()))
-    sync.on_topology(Change("ADDED", "a", cr("a", 1, vfs=4)))
+    sync.on_topology(Change("ADDED", "a", cr("a", generation=1, vfs=4)))
     held = hand_allocation(topology("a", vfs=4), [(0, 0, 3)])
     sync.on_pod(Change("ADDED", "ml/p-1", pod("1", held)))
-    sync.on_topology(Change("MODIFIED", "a", cr("a", 2, vfs=2)))
+    sync.on_topology(Change("MODIFIED", "a", cr("a", generation=2, vfs=2)))
     now = sync.state.ledger("a").allocation("1")
     assert now is not None and devices(now) == {held.all_gpus[0].pci_address}
     assert sync.state.pod("1") is not None
@@ -148,7 +121,7 @@ def test_a_bind_whose_node_is_replaced_during_its_search_is_held_on_the_new_node
     allocator = _HookAfterSearch()
     sync = ClusterSync(ClusterState((), allocator))
     sync.on_topology(Change("ADDED", "a", cr("a")))
-    allocator.hook = lambda: sync.on_topology(Change("MODIFIED", "a", cr("a", 2, vfs=4)))
+    allocator.hook = lambda: sync.on_topology(Change("MODIFIED", "a", cr("a", generation=2, vfs=4)))
     req = Request(gpus=8, vfs=8)
     first = sync.state.bind("1", "ml", "p-1", "a", req)
     assert isinstance(first, Allocation) and sync.state.pod("1") is not None
@@ -165,7 +138,7 @@ def test_a_bind_being_written_when_its_node_is_replaced_is_held_on_the_new_node(
     first = sync.state.bind("1", "ml", "p-1", "a", req)
     assert isinstance(first, Allocation)
     sync.recording.add("1")
-    sync.on_topology(Change("MODIFIED", "a", cr("a", 2, vfs=4)))
+    sync.on_topology(Change("MODIFIED", "a", cr("a", generation=2, vfs=4)))
     assert sync.state.pod("1") is not None
     assert devices(sync.state.ledger("a").allocation("1")) == devices(first)  # type: ignore[arg-type]
     assert not isinstance(sync.state.bind("2", "ml", "p-2", "a", req), Allocation)
