@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +18,7 @@ from railyard.agent.config import AgentConfig
 from railyard.kube.client import Client
 from railyard.kube.config import KubeConfig
 from support.agent import NODE, async_test
+from support.http import serve_app
 
 NODE_UID = "7a1e-node-uid"
 
@@ -61,12 +61,7 @@ async def agent_beside(api: FakeApi, tmp, gpu_plugin: bool = False) -> AsyncIter
     app.router.add_get("/apis/resource.k8s.io/{version}/resourceslices", api.resourceslices)
     app.router.add_get("/api/v1/nodes/{name}", api.node)
     app.router.add_post("/api/v1/namespaces/{namespace}/events", api.create_event)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    runner, url = await serve_app(app)
     agent = Agent(AgentOptions(node_name=NODE, state_dir=str(tmp / "state")), None,
                   AgentConfig(gpu_plugin=gpu_plugin), kube=Client(KubeConfig(server=url)))
     try:

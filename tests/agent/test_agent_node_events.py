@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from railyard.agent.config import AgentConfig
 from railyard.kube.client import Client
 from railyard.kube.config import KubeConfig
 from support.agent import NODE, async_test, make_tree, rig, topology
+from support.http import serve_app
 
 TOPO = topology()
 NIC = TOPO.nics[0]
@@ -113,13 +113,9 @@ async def api_server() -> AsyncIterator[tuple[FakeApi, str]]:
     app.router.add_patch(TOPOLOGIES + "/{name}", api.patch_topology)
     app.router.add_patch(TOPOLOGIES + "/{name}/status", api.patch_topology)
     app.router.add_post("/api/v1/namespaces/{namespace}/events", api.create_event)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
+    runner, url = await serve_app(app)
     try:
-        yield api, f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield api, url
     finally:
         api.done.set()
         await runner.cleanup()

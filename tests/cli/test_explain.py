@@ -5,7 +5,6 @@ process with --kubeconfig, as an operator runs it."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from railyard.kube.nodetopology import COLLECTION, path_of
 from railyard.kubelet.report import node_status
 from railyard.records.nodetopology_cr import node_topology_resource, status_to_json
 from support.allocations import allocation, h100, nearest_vf, vf
+from support.http import serve_app
 from support.pods import pod
 
 CMD = [sys.executable, "-m", "railyard.cli.main", "explain"]
@@ -88,17 +88,13 @@ def explain(tmp_path: Path, server: ApiServer, *args: str) -> tuple[int, str, st
     async def main() -> tuple[int, str, str]:
         app = web.Application()
         app.router.add_get("/{tail:.*}", server.get)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await web.SockSite(runner, sock).start()
+        runner, url = await serve_app(app)
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(f"""apiVersion: v1
 kind: Config
 clusters:
 - name: box
-  cluster: {{server: "http://127.0.0.1:{sock.getsockname()[1]}"}}
+  cluster: {{server: "{url}"}}
 users:
 - name: operator
   user: {{token: operator-token}}

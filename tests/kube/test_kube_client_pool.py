@@ -4,13 +4,13 @@ is a TLS handshake the API server pays for), and watches never wait behind it.""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from aiohttp import web
 
 from railyard.kube.client import Client
 from railyard.kube.config import KubeConfig
 from railyard.kube.objects import Object
+from support.http import serve_app
 
 
 class CountingServer:
@@ -41,13 +41,7 @@ class CountingServer:
 async def serve(server: CountingServer) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_get("/{tail:.*}", server.get)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    site = web.SockSite(runner, sock)
-    await site.start()
-    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return await serve_app(app)
 
 
 def test_a_burst_of_requests_shares_a_bounded_pool_and_watches_are_not_counted_in_it():

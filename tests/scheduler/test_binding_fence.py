@@ -6,7 +6,6 @@ longer than the lease is still this replica's (`PodBinder.lease_left`)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from railyard.kube.config import KubeConfig
 from railyard.scheduler.cluster_api import ClusterSync, NotLeader, PodBinder
 from railyard.scheduler.cluster_file import BoundPod
 from railyard.scheduler.state import ClusterState
+from support.http import serve_app
 
 
 class Api:
@@ -36,12 +36,7 @@ class Api:
 async def serve(api: Api) -> tuple[web.AppRunner, str]:
     app = web.Application()
     app.router.add_post("/{tail:.*}", api.post)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    await web.SockSite(runner, sock).start()
-    return runner, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return await serve_app(app)
 
 
 def test_a_bind_that_waited_in_the_rate_limit_past_the_lease_is_not_sent():
