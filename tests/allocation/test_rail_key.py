@@ -73,6 +73,17 @@ def test_rail_sequences_under_shared_pairing_match_brute_force_minimum(data):
     check(data, shared=True)
 
 
+def first_two_gpus_held(alloc: Allocator) -> tuple[NodeTopology, Ledger]:
+    """dgx-h100 (2 VFs per PF) with GPUs 0 and 1 held by a pod without a job, which `alloc`
+    placed on rails 0 and 1: those rails keep free VFs but no free GPU at PIX to them."""
+    t = build_topology(DGX_H100, 2)
+    held = Ledger(t)
+    first = alloc.allocate(t, held, Request(gpus=2, vfs=2))
+    assert isinstance(first, Allocation) and first.rails == (0, 1)
+    held.add("first", first)
+    return t, held
+
+
 def test_a_preferred_sequence_moves_pairs_onto_their_rails_before_the_sum_of_distances():
     """dgx-h100 with GPUs 0 and 1 held: a 2-GPU pod of a job on rails (0, 1) elsewhere gets
     no rail-matching PIX pair here; preferred, it takes the GPUs 2, 3 (PIX, rails 2, 3);
@@ -83,10 +94,7 @@ def test_a_preferred_sequence_moves_pairs_onto_their_rails_before_the_sum_of_dis
     got = alloc.allocate(t, empty, Request(gpus=2, vfs=2, rails=(2, 3)))
     assert isinstance(got, Allocation)
     assert got.rails == (2, 3) and {p.distance for p in got.pairs} == {Distance.PIX}
-    held = Ledger(t)
-    first = alloc.allocate(t, held, Request(gpus=2, vfs=2))
-    assert isinstance(first, Allocation) and first.rails == (0, 1)
-    held.add("first", first)
+    t, held = first_two_gpus_held(alloc)
     preferred = alloc.allocate(t, held, Request(gpus=2, vfs=2, rails=(0, 1)))
     assert isinstance(preferred, Allocation)
     required = alloc.allocate(t, held, Request(gpus=2, vfs=2, rails=(0, 1),
@@ -168,12 +176,8 @@ def test_fits_answers_a_required_sequence_without_the_full_decision():
     reach those rails), and `fits` says so from a feasibility-only search, leaving the best
     choice undecided (allocate_known still has none) — what makes the extender's filter
     cheap for `rails: required` (docs/rails.md, "Cost")."""
-    t = build_topology(DGX_H100, 2)
     alloc = Allocator()
-    held = Ledger(t)
-    first = alloc.allocate(t, held, Request(gpus=2, vfs=2))
-    assert isinstance(first, Allocation) and first.rails == (0, 1)
-    held.add("first", first)
+    t, held = first_two_gpus_held(alloc)
     job = Request(gpus=2, vfs=2, rails=(0, 1), rail_policy="required")
     assert alloc.fits(t, held, job) is True
     assert alloc.allocate_known(t, held, job) is None

@@ -9,15 +9,20 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_allocator_key import ledgers
-from test_rail_key import RAIL, plainest, railed_requests, railed_topologies
+from test_rail_key import (
+    RAIL,
+    first_two_gpus_held,
+    plainest,
+    railed_requests,
+    railed_topologies,
+)
 
 from railyard.allocation.allocator import Allocator, rail_score_bound
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
 from railyard.allocation.search import Spec, search
 from railyard.allocation.shape import free_state
-from railyard.allocation.types import Allocation, Infeasible, Refusal
-from railyard.discovery.profiles import DGX_H100, build_topology
+from railyard.allocation.types import Infeasible, Refusal
 from railyard.topology.model import Distance
 from support.searching import SearchingEmpty
 
@@ -161,12 +166,8 @@ def test_outlook_is_what_its_definition_counts(data):
 def test_outlook_counts_free_vfs_and_near_gpus_per_rail():
     """dgx-h100, GPUs 0 and 1 held: rails 0 and 1 still have free VFs, but no free GPU is
     PIX to them, so a preferred pair on rail 0 at a PIX worst pair must miss it."""
-    t = build_topology(DGX_H100, 2)
     alloc = Allocator()
-    held = Ledger(t)
-    first = alloc.allocate(t, held, Request(gpus=2, vfs=2))
-    assert isinstance(first, Allocation) and first.rails == (0, 1)
-    held.add("first", first)
+    t, held = first_two_gpus_held(alloc)
     outlook = alloc.rail_outlook(t, held)
     assert outlook.free_gpus == 6 and outlook.vfs_on[0] == 1 and outlook.vfs_on[2] == 2
     assert alloc.rail_outlook(t, held) is outlook  # once per free state
