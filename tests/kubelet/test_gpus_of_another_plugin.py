@@ -7,7 +7,9 @@ run that check first."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,9 @@ TOPO = topology("dgx-h100", vfs_per_pf=2)
 G = [g.device_id for g in TOPO.gpus]
 VF18, VF40 = "0000:18:00.1", "0000:40:00.1"  # under GPU 0's and GPU 1's switches
 PAIRS_FILE = "/run/railyard/pairs.json"
+# Pod a's record: GPU 0 with VF18, GPU 1 with VF40.
+RECORDED = allocation(TOPO, [(0, VF18), (1, VF40)])
+ONE_CONTAINER = {"main": {GPU: 2, VF: 2}}
 
 
 @pytest.fixture
@@ -48,6 +53,20 @@ class Events:
         return True
 
 
+@contextlib.asynccontextmanager
+async def pod_a(tmp_path: Path, tree: Path, containers: dict = ONE_CONTAINER,
+                cfg: AgentConfig | None = None) -> AsyncIterator[tuple[Any, Any]]:
+    """The agent's rig with pod a (namespace team) recorded as RECORDED, and a kubelet client
+    of the VF plugin (closed on the way out)."""
+    p = pod("uid-a", containers, alloc=RECORDED, name="a")
+    async with rig(tmp_path, tree, [p], config=cfg or config(tmp_path)) as r:
+        vf = r.kubelet.client(VF)
+        try:
+            yield r, vf
+        finally:
+            await vf.close()
+
+
 def pair_file(resp) -> tuple[Path, dict]:
     [mount] = [m for m in resp.mounts if m.container_path == PAIRS_FILE]
     path = Path(mount.host_path)
@@ -61,11 +80,8 @@ def held(doc: dict) -> set[tuple[str, str]]:
 @async_test
 async def test_other_gpus_from_kubelet_correct_the_record_and_the_pair_file_and_say_so(
         tmp_path, dgx_tree):
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
-    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
+    async with pod_a(tmp_path, dgx_tree) as (r, vf):
         r.agent.events = events = Events()  # type: ignore[assignment]
-        vf = r.kubelet.client(VF)
         resp = await vf.allocate([VF18, VF40])
         # Fixed at Allocate, before NVIDIA's plugin may have been called: no GPU named.
         for name in ("RAILYARD_PAIRS", "VLLM_GPU_NIC_PCIE_MAPPING", "VLLM_NIC_SELECTION_VARS"):
@@ -98,37 +114,30 @@ async def test_other_gpus_from_kubelet_correct_the_record_and_the_pair_file_and_
                                            "namespace": "team", "name": "a", "uid": "uid-a"}
         assert (f"nvidia.com/gpu {sorted([G[1], G[5]])}, not the recorded "
                 f"{sorted([G[0], G[1]])}") in event["message"], event["message"]
-        await vf.close()
 
 
 @async_test
 async def test_gpus_from_kubelet_as_recorded_change_neither_record_nor_pair_file(
         tmp_path, dgx_tree):
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
-    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
+    async with pod_a(tmp_path, dgx_tree) as (r, vf):
         r.agent.events = events = Events()  # type: ignore[assignment]
-        vf = r.kubelet.client(VF)
         path, _ = pair_file(await vf.allocate([VF18, VF40]))
         written = path.stat().st_mtime_ns, path.stat().st_ino
         r.podres.state.assign("team", "a", "main", GPU, [G[1], G[0]])
         r.podres.state.assign("team", "a", "main", VF, [VF40, VF18])
         assert await r.agent.verify() == []
-        assert r.agent.store.get("uid-a").allocation == alloc
+        assert r.agent.store.get("uid-a").allocation == RECORDED
         assert (path.stat().st_mtime_ns, path.stat().st_ino) == written
         await asyncio.sleep(0.05)
         assert events.sent == []
-        await vf.close()
 
 
 @async_test
 async def test_gpus_swapped_between_containers_pair_within_each_container(tmp_path, dgx_tree):
     """The pod holds the recorded GPUs, but NVIDIA's plugin gave c1 the GPU the record pairs
     with c2's VF: each GPU is paired again with its own container's NIC."""
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"c1": {GPU: 1, VF: 1}, "c2": {GPU: 1, VF: 1}}, alloc=alloc, name="a")
-    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
-        vf = r.kubelet.client(VF)
+    two_containers = {"c1": {GPU: 1, VF: 1}, "c2": {GPU: 1, VF: 1}}
+    async with pod_a(tmp_path, dgx_tree, two_containers) as (r, vf):
         path1, _ = pair_file(await vf.allocate([VF18]))
         path2, _ = pair_file(await vf.allocate([VF40]))
         assert {path1.name, path2.name} == {"c1.json", "c2.json"}
@@ -143,7 +152,6 @@ async def test_gpus_swapped_between_containers_pair_within_each_container(tmp_pa
         files = {p.stem: json.loads(p.read_text()) for p in (path1, path2)}
         assert held(files["c1"]) == {(G[1], VF18)}
         assert held(files["c2"]) == {(G[0], VF40)}
-        await vf.close()
 
 
 class Killed(BaseException):
@@ -159,11 +167,8 @@ async def test_a_kill_between_the_corrections_writes_is_made_good_by_the_next_ch
     the pair file both naming the new pairs. Written record-first, a kill before the pair
     file left a record that already agreed with kubelet, and the pair file was never made
     again. The Event may be said again after a kill; it is never lost."""
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
-    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
+    async with pod_a(tmp_path, dgx_tree) as (r, vf):
         r.agent.events = events = Events()  # type: ignore[assignment]
-        vf = r.kubelet.client(VF)
         path, _ = pair_file(await vf.allocate([VF18, VF40]))
         r.podres.state.assign("team", "a", "main", GPU, [G[5], G[1]])
         r.podres.state.assign("team", "a", "main", VF, [VF40, VF18])
@@ -186,15 +191,11 @@ async def test_a_kill_between_the_corrections_writes_is_made_good_by_the_next_ch
         await asyncio.sleep(0.05)  # the Event is sent from the agent's loop
         assert events.sent and all(e["reason"] == "RailyardRecordCorrected"
                                    for e in events.sent)
-        await vf.close()
 
 
 @async_test
 async def test_a_cni_call_runs_the_check_first_from_its_own_thread(tmp_path, dgx_tree):
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
-    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
-        vf = r.kubelet.client(VF)
+    async with pod_a(tmp_path, dgx_tree) as (r, vf):
         await vf.allocate([VF18, VF40])
         r.podres.state.assign("team", "a", "main", GPU, [G[6], G[7]])
         r.podres.state.assign("team", "a", "main", VF, [VF18, VF40])
@@ -210,23 +211,19 @@ async def test_a_cni_call_runs_the_check_first_from_its_own_thread(tmp_path, dgx
         args = PodArgs(uid="uid-a", namespace="team", name="a")
         assert await asyncio.to_thread(grants.grant, args) is None
         assert seen == [{G[6], G[7]}]  # the grant was looked up after the correction
-        await vf.close()
 
 
 @async_test
 async def test_with_our_own_gpu_plugin_the_variables_name_the_gpus(tmp_path, dgx_tree):
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
     cfg = AgentConfig(devinfo_dir=str(tmp_path / "devinfo"), verify_delay_s=60)
-    async with rig(tmp_path, dgx_tree, [p], config=cfg) as r:
-        gpu, vf = r.kubelet.client(GPU), r.kubelet.client(VF)
+    async with pod_a(tmp_path, dgx_tree, cfg=cfg) as (r, vf):
+        gpu = r.kubelet.client(GPU)
         await gpu.allocate([G[0], G[1]])
         resp = await vf.allocate([VF18, VF40])
         assert "RAILYARD_PAIRS_FILE" not in resp.envs
         assert {x["gpu"]["uuid"] for x in json.loads(resp.envs["RAILYARD_PAIRS"])} == {
             G[0], G[1]}
         await gpu.close()
-        await vf.close()
 
 
 @async_test
@@ -246,10 +243,7 @@ async def test_with_gpus_not_ours_kubelet_is_asked_to_call_before_each_container
 @async_test
 async def test_prestartcontainer_corrects_the_pair_file_before_the_container_is_made(
         tmp_path, dgx_tree):
-    alloc = allocation(TOPO, [(0, VF18), (1, VF40)])
-    p = pod("uid-a", {"main": {GPU: 2, VF: 2}}, alloc=alloc, name="a")
-    async with rig(tmp_path, dgx_tree, [p], config=config(tmp_path)) as r:
-        vf = r.kubelet.client(VF)
+    async with pod_a(tmp_path, dgx_tree) as (r, vf):
         path, _ = pair_file(await vf.allocate([VF18, VF40]))
         r.podres.state.assign("team", "a", "main", GPU, [G[3], G[2]])
         r.podres.state.assign("team", "a", "main", VF, [VF18, VF40])
@@ -257,7 +251,6 @@ async def test_prestartcontainer_corrects_the_pair_file_before_the_container_is_
             devices_ids=[VF18, VF40]), timeout=5)
         assert {x["gpu"]["uuid"] for x in json.loads(path.read_text())["pairs"]} == {
             G[2], G[3]}
-        await vf.close()
 
 
 @async_test
