@@ -260,11 +260,6 @@ class Allocator:
             self._outlooks[group] = known
         return known
 
-    def _spec(self, request: Request) -> Spec:
-        """`Spec.of(request)`, kept for the last request asked about (requests are frozen):
-        a question about many groups builds it once."""
-        return self._asked(request).spec
-
     def _asked(self, request: Request) -> _Asked:
         """What the questions about many groups need of `request`, kept for the last request
         asked about (one object, swapped whole: another thread asking about another request
@@ -348,11 +343,11 @@ class Allocator:
         for the empty node of the shape with the sequence (once per shape and sequence;
         None when that is needed without `search`)."""
         coarse = rail_score_bound(plain, request)
-        spec = self._spec(request)
+        asked = self._asked(request)
+        spec = asked.spec
         if plain == 0 or not spec.rails:
             return coarse if spec.rails else plain
         shape = self.shape(topology)
-        asked = self._asked(request)
         decided = self._memo.get((outlook.group, asked.plain_search_shape))
         if not isinstance(decided, Choice):
             return coarse

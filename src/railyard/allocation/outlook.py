@@ -58,10 +58,15 @@ class RailOutlook:
         return cls(group, len(gpus), vfs_on, reach, free_rails, len(shape.pool_names) == 1)
 
     def counts_apply(self, spec: Spec) -> bool:
-        """Whether the counts below speak for `spec`: its pairs are one VF each (one-to-one,
-        no whole PF) of the default pool, without bandwidth shares."""
-        return (self.plain_pool and spec.pool is None and not spec.share and spec.pfs == 0
-                and spec.hi <= 1)
+        """Whether the counts below speak for `spec` on this node: one VF pool here, and
+        `spec`'s pairs are plain (`plain_pairs`)."""
+        return self.plain_pool and self.plain_pairs(spec)
+
+    @staticmethod
+    def plain_pairs(spec: Spec) -> bool:
+        """Whether `spec`'s pairs are one VF each (one-to-one, no whole PF) of the default
+        pool, without bandwidth shares: what the per-rail counts count."""
+        return spec.pool is None and not spec.share and spec.pfs == 0 and spec.hi <= 1
 
     def misses_at_least(self, spec: Spec, worst: int = Distance.SYS) -> int:
         """A lower bound of the rail mismatches of any choice for `spec` whose pairs are all
@@ -71,12 +76,10 @@ class RailOutlook:
 
     @staticmethod
     def counted_rails(spec: Spec) -> tuple[tuple[int, int], ...] | None:
-        """(rail, pairs wanting it), ascending, for a sequence whose pairs are one VF each
-        (one-to-one, no whole PF) of the default pool, without bandwidth shares; None when
-        there is no sequence or the counts do not speak for `spec` (`counts_apply`, but for
-        the node's pools). Worked out once per request, not once per group."""
-        if not spec.rails or not (spec.pool is None and not spec.share and spec.pfs == 0
-                                  and spec.hi <= 1):
+        """(rail, pairs wanting it), ascending, for a sequence of plain pairs (`plain_pairs`);
+        None when there is no sequence or its pairs are not plain. Worked out once per
+        request, not once per group."""
+        if not spec.rails or not RailOutlook.plain_pairs(spec):
             return None
         wanted: dict[int, int] = {}
         for rail in spec.rails:
