@@ -141,9 +141,7 @@ class Allocator:
             if isinstance(decided, Refusal) and decided.search_budget_spent:
                 return decided.at(topology.node)  # not the shape's answer: not kept
             plan = decided if isinstance(decided, Refusal) else _plan(shape, decided, request)
-            if len(self._plans) >= _MEMO_LIMIT:
-                self._plans.clear()
-            self._plans[key] = plan
+            _remember(self._plans, key, plan)
         if isinstance(plan, Refusal):
             return plan.at(topology.node)
         alloc = _concrete(shape, ledger, plan)
@@ -255,9 +253,7 @@ class Allocator:
             free = empty_state(shape) if ledger is None else free_state(shape, ledger,
                                                                         group[1])
             known = RailOutlook.of(shape, free, group)
-            if len(self._outlooks) >= _MEMO_LIMIT:
-                self._outlooks.clear()
-            self._outlooks[group] = known
+            _remember(self._outlooks, group, known)
         return known
 
     def _asked(self, request: Request) -> _Asked:
@@ -312,10 +308,8 @@ class Allocator:
         key = (spec.rails, outlook.free_rails)
         refusal = self._rail_refusals.get(key)
         if refusal is None:
-            if len(self._rail_refusals) >= _MEMO_LIMIT:
-                self._rail_refusals.clear()
-            refusal = self._rail_refusals[key] = Refusal(
-                rails_reason(spec.rails, outlook.free_rails))
+            refusal = Refusal(rails_reason(spec.rails, outlook.free_rails))
+            _remember(self._rail_refusals, key, refusal)
         return refusal
 
     def _empty_fits_by_counts(self, shape: NodeShape, asked: tuple, spec: Spec) -> bool:
@@ -325,9 +319,7 @@ class Allocator:
         known = self._empty_counts.get(key)
         if known is None:
             known = bool(fits_by_counts(shape, empty_state(shape), spec))
-            if len(self._empty_counts) >= _MEMO_LIMIT:
-                self._empty_counts.clear()
-            self._empty_counts[key] = known
+            _remember(self._empty_counts, key, known)
         return known
 
     def rail_score_bound(self, topology: NodeTopology, outlook: RailOutlook, request: Request,
@@ -466,9 +458,7 @@ class Allocator:
         key = (shape.id, request.search_shape, tuple(rails))
         known = self._kept_rails.get(key)
         if known is None or choice.key[:6] < known:
-            if len(self._kept_rails) >= _MEMO_LIMIT:
-                self._kept_rails.clear()
-            self._kept_rails[key] = choice.key[:6]
+            _remember(self._kept_rails, key, choice.key[:6])
 
     def _node_score(self, topology: NodeTopology, ledger: Ledger, request: Request,
                     search: bool) -> int | None:
@@ -507,9 +497,7 @@ class Allocator:
             score = low + _packing(self.packing, levels, shape, group[1], request)
         if spent:
             return score  # depends on the budget, not only on the shape: not kept
-        if len(self._scores) >= _MEMO_LIMIT:
-            self._scores.clear()
-        self._scores[key] = score
+        _remember(self._scores, key, score)
         return score
 
     def shape(self, topology: NodeTopology) -> NodeShape:
@@ -570,9 +558,7 @@ class Allocator:
             if ((isinstance(plain, Choice) and _keeps_rails(shape, plain, request))
                     or (isinstance(plain, Refusal) and not plain.search_budget_spent
                         and request.rail_policy != "required")):
-                if len(self._memo) >= _MEMO_LIMIT:
-                    self._memo.clear()
-                self._memo[key] = plain
+                _remember(self._memo, key, plain)
                 return plain
             if isinstance(plain, Choice) and request.rail_policy == "preferred" and Spec.of(
                     request).pairs:
@@ -591,13 +577,9 @@ class Allocator:
         if hit is None:
             assert limit is not None
             spent = budget_refusal(request, limit)
-            if len(self._spent) >= _MEMO_LIMIT:
-                self._spent.clear()
-            self._spent[(key, limit)] = spent
+            _remember(self._spent, (key, limit), spent)
             return spent
-        if len(self._memo) >= _MEMO_LIMIT:
-            self._memo.clear()
-        self._memo[key] = hit
+        _remember(self._memo, key, hit)
         if isinstance(hit, Choice) and not request.wanted_rails:
             self._note_rails(shape, request, hit)
         return hit
@@ -651,6 +633,13 @@ _BANDS = {5: (7, 4), 4: (5, 2), 3: (3, 2), 2: (2, 1), 1: (1, 1)}
 # the preference the pod asked for is worth more than grading PXB nodes by fullness.
 _PREFERRED_BANDS = {5: (7, 4), 4: (5, 2), 3: (4, 1), 2: (3, 1), 1: (2, 1), 0: (1, 1)}
 
+
+def _remember(memo: dict, key: object, value: object) -> None:
+    """Keep `value` in one of the allocator's memos, emptied first once it holds
+    _MEMO_LIMIT entries (a cheap bound: the answers come back by searching again)."""
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
 
 def _band(worst: int, same: bool, preferred: int | None) -> tuple[int, int]:
     """The score band (lowest score, levels) of a node whose best choice has `worst` as its
