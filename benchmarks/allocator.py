@@ -10,6 +10,9 @@ PF's VFs held), it times:
   score     `node_score` answered from the memo (what the extender asks per node),
   greedy    first-fit: lowest free GPUs, each with the first PF that has a free VF.
 Medians and 99th percentiles in microseconds, measured in the same run.
+`--required-rails` gives each request a `rails: required` sequence, the node's last k rails
+in descending order: a sequence the best choice without it never keeps, so every cold
+decision is a search with the sequence (greedy ignores it).
 `--sweep` instead times one cold search for every request of 0–8 GPUs × 0–12 VFs × 0–2 whole
 PFs × (0 or 16 CPUs) × numa preferred|single on four profiles, empty and half used, and lists
 the slowest.
@@ -77,7 +80,13 @@ def p99(xs: list[float]) -> float:
     return sorted(xs)[min(len(xs) - 1, int(len(xs) * 0.99))]
 
 
-def run(repeat: int) -> list[dict]:
+def required_rails(t: NodeTopology, k: int) -> tuple[int, ...]:
+    """The node's last k rails, descending: pair 0 (the lowest GPU) on the highest rail."""
+    rails = sorted({n.rail for n in t.nics if n.rail is not None}, reverse=True)
+    return tuple(rails[:k])
+
+
+def run(repeat: int, rails: bool = False) -> list[dict]:
     rows = []
     for name in PROFILES:
         t = build_topology(profile(name), vfs_per_pf=8, node=name)
@@ -85,6 +94,9 @@ def run(repeat: int) -> list[dict]:
         for state, ledger in (("empty", Ledger(t)), ("half", half_used(t))):
             for k in SIZES:
                 r = Request(gpus=k, vfs=k)
+                if rails:
+                    r = Request(gpus=k, vfs=k, rails=required_rails(t, k),
+                                rail_policy="required")
                 alloc = Allocator()
                 alloc.shape(t)
 
@@ -139,11 +151,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=200, help="cold runs per case (memo: ×5)")
     ap.add_argument("--sweep", action="store_true", help="time every request shape once")
+    ap.add_argument("--required-rails", action="store_true",
+                    help="each request with a required rail sequence its best choice "
+                         "without it does not keep")
     args = ap.parse_args()
     if args.sweep:
         sweep()
         return
-    rows = run(args.repeat)
+    rows = run(args.repeat, args.required_rails)
     print("| profile | state | GPUs+VFs | worst pair (exact / greedy) | cold median / p99 "
           "| memo allocate median / p99 | memo score median | greedy median / p99 |")
     print("|---|---|---|---|---|---|---|---|")

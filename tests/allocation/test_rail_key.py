@@ -15,7 +15,7 @@ from test_allocator_key import check_exact, ledgers, topologies
 from railyard.allocation.allocator import Allocator
 from railyard.allocation.ledger import Ledger
 from railyard.allocation.request import Request
-from railyard.allocation.search import SEARCH_BUDGET, Spec, fits_by_counts
+from railyard.allocation.search import SEARCH_BUDGET, Budget, Search, Spec, fits_by_counts
 from railyard.allocation.shape import free_state
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.discovery.profiles import DGX_H100, HGX_H100_4NIC, build_topology
@@ -183,6 +183,36 @@ def test_fits_answers_a_required_sequence_without_the_full_decision():
     assert alloc.allocate_known(t, held, job) is None
     refused = alloc.fits(t, held, replace(job, rails=(0, 9)))
     assert isinstance(refused, Infeasible) and "rail" in refused.reason
+
+
+class _GeneralLevelOne(Search):
+    """The search with its general first level for every request, as before the one for
+    required sequences (`Search._required_candidates`)."""
+
+    def _required_candidates(self, free_gpus: list[int], k: int) -> list[tuple]:
+        return self._candidates(free_gpus, k)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_a_required_sequence_explores_what_the_general_first_level_explores(data):
+    """One GPU per VF under a required sequence: the first level read from per-position
+    tables finds the same choice after exactly the same states as the general one (the
+    search budget counts states, so a budget spends at the same place either way)."""
+    t = data.draw(railed_topologies())
+    ledger = data.draw(ledgers(t))
+    gpus = data.draw(st.integers(1, min(4, len(t.gpus))))
+    r = Request(gpus=gpus, vfs=gpus,
+                max_distance=data.draw(st.one_of(st.none(), st.sampled_from(list(Distance)))),
+                numa=data.draw(st.sampled_from(["preferred", "single", "none"])),
+                rails=tuple(data.draw(st.lists(RAIL, min_size=1, max_size=gpus))),
+                rail_policy="required")
+    shape = Allocator().shape(t)
+    free = free_state(shape, ledger, ledger.signature())
+    fast, general = (kind(shape, free, Spec.of(r), budget=Budget(None))
+                     for kind in (Search, _GeneralLevelOne))
+    assert fast.run() == general.run()
+    assert fast.explored == general.explored
 
 
 @st.composite

@@ -33,6 +33,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from itertools import combinations
+from operator import getitem
 from typing import NoReturn, TypeVar
 
 from railyard.allocation.request import Request
@@ -461,6 +462,33 @@ class Search:
                 for d, j, _ in self.offers[i]:
                     near.setdefault(sh.pf_rail[j], d)
                 self.rail_dist[i] = near
+        if self.rails_fixed and sp.rails_required and sp.hi <= 1:
+            candidates = self._required_candidates(free_gpus, k)
+        else:
+            candidates = self._candidates(free_gpus, k)
+        candidates.sort()
+        for lw, lm, ls, lspan, gset, mask in candidates:
+            bk = self.best_key
+            if bk is not None and (lw, lm, ls, lspan) > bk[:4]:
+                break  # sorted by these bounds: no later set can win either
+            gmask = sum(1 << i for i in gset)
+            after = fr.gpus & ~gmask
+            if self._loses(lw, lm, ls, partial(_same, lspan), self.crowd_min,
+                           partial(self.aligned, after, self.open0),
+                           partial(self._tie_gpus_after, gset)):
+                continue
+            try:
+                self._pair(gset, mask, after)
+            except _Found:
+                break
+        if self.best is None:
+            return None
+        return self._choice()
+
+    def _candidates(self, free_gpus: list[int], k: int) -> list[tuple]:
+        """Level 1: per GPU set that may hold a choice, lower bounds of the key's first
+        items (worst, mismatches, sum, NUMA span), with the set and its NUMA mask."""
+        sh, sp = self.shape, self.spec
         pairs = sp.pairs
         candidates = []
         for gset in combinations(free_gpus, k):
@@ -493,24 +521,39 @@ class Search:
             if s is None:
                 continue
             candidates.append((lw, lm, ls, s[0], gset, mask))
-        candidates.sort()
-        for lw, lm, ls, lspan, gset, mask in candidates:
-            bk = self.best_key
-            if bk is not None and (lw, lm, ls, lspan) > bk[:4]:
-                break  # sorted by these bounds: no later set can win either
-            gmask = sum(1 << i for i in gset)
-            after = fr.gpus & ~gmask
-            if self._loses(lw, lm, ls, partial(_same, lspan), self.crowd_min,
-                           partial(self.aligned, after, self.open0),
-                           partial(self._tie_gpus_after, gset)):
+        return candidates
+
+    def _required_candidates(self, free_gpus: list[int], k: int) -> list[tuple]:
+        """`_candidates` for a required sequence with one GPU per NIC: every GPU is paired,
+        none nearer than its class on its position's rail, so `_required_bound` alone bounds
+        worst and sum (it is at least each GPU's nearest class), read here from one table
+        per position: the same candidates for a fraction of the work."""
+        sh, rails, rail_dist, best_of = self.shape, self.rails, self.rail_dist, self.best_of
+        need = []  # need[p][i]: GPU i's class as pair p (INF: it cannot be pair p)
+        for p in range(k):
+            want = rails[p] if p < len(rails) else -1
+            row = [INF] * len(sh.gpus)
+            for i in free_gpus:
+                row[i] = best_of[i] if want < 0 else rail_dist[i].get(want, INF)
+            need.append(row)
+        numa_bit = [1 << b for b in sh.gpu_numa]
+        candidates = []
+        for gset in combinations(free_gpus, k):
+            self.explored += 1
+            if self.explored > self.limit:
+                self.spend()
+            ds = list(map(getitem, need, gset))
+            lw = max(ds)
+            if lw >= INF:
                 continue
-            try:
-                self._pair(gset, mask, after)
-            except _Found:
-                break
-        if self.best is None:
-            return None
-        return self._choice()
+            mask = 0
+            for i in gset:
+                mask |= numa_bit[i]
+            s = self.span(mask)
+            if s is None:
+                continue
+            candidates.append((lw, 0, sum(ds), s[0], gset, mask))
+        return candidates
 
     def rail_misses(self, gset: tuple[int, ...], d: int, within: int) -> int:
         """The rail mismatches pairs d, d+1, … of `gset` have at least when no pair is worse
@@ -927,18 +970,24 @@ class _Pairing:
         if self.paired < s.spec.pairs:
             offers = s.offers[self.gset[d]]
             rails = s.spec.rails
+            tried = len(offers)  # each offer is a placement tried
             if rails and self.paired < len(rails) and rails[self.paired] >= 0:
-                # The rail wanted here first among equals: the first leaf then usually
-                # keeps the sequence, which prunes the rest sooner.
                 want, pf_rail, loads = rails[self.paired], s.shape.pf_rail, self.loads
-                offers = sorted(offers, key=lambda o: (o[0], pf_rail[o[1]] != want,
-                                                       loads[o[1]], o[1], o[2]))
+                if s.spec.rails_required:
+                    # Only the wanted rail can be placed (`_place` refuses the others).
+                    offers = sorted([o for o in offers if pf_rail[o[1]] == want],
+                                    key=lambda o: (o[0], loads[o[1]], o[1], o[2]))
+                else:
+                    # The rail wanted here first among equals: the first leaf then usually
+                    # keeps the sequence, which prunes the rest sooner.
+                    offers = sorted(offers, key=lambda o: (o[0], pf_rail[o[1]] != want,
+                                                           loads[o[1]], o[1], o[2]))
             elif self.paired:
                 # Nearest first and, among equals, the least loaded PF first: the first
                 # leaf is then usually uncrowded, which prunes the rest sooner.
                 loads = self.loads
                 offers = sorted(offers, key=lambda o: (o[0], loads[o[1]], o[1], o[2]))
-            s.explored += len(offers)  # each offer is a placement tried
+            s.explored += tried
             for dist, j, kind in offers:
                 undo = self._place(j, kind, dist)
                 if undo is not None:

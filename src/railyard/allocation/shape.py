@@ -54,6 +54,7 @@ class ShapeCaches:
     """Memo tables shared by every topology object of one shape (owned by the Allocator)."""
 
     aligned: dict[tuple[int, int], int] = field(default_factory=dict)
+    empty: FreeState | None = None  # `empty_state`, built on first use
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -268,6 +269,15 @@ class FreeState:
 
 
 def empty_state(shape: NodeShape) -> FreeState:
+    """Everything free: a function of the shape key alone (the counts, not the devices), so
+    built once and shared by every node of the shape (the free state is immutable)."""
+    known = shape.caches.empty
+    if known is None:
+        known = shape.caches.empty = _empty_state(shape)
+    return known
+
+
+def _empty_state(shape: NodeShape) -> FreeState:
     vfs = tuple(len(v) for v in shape.vfs)
     return FreeState(
         gpus=(1 << len(shape.gpus)) - 1,
