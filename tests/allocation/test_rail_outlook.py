@@ -72,7 +72,7 @@ def test_missed_rails_are_a_lower_bound_of_the_searched_mismatches(data):
 def test_required_fits_from_the_outlook_is_the_allocators_answer(data):
     """`rail_fits_known` for a required sequence says what `fits` says — True, or a refusal
     with the same reason and the same resolvability — wherever it answers (None: it leaves
-    the question to `fits`)."""
+    the question to `fits`); `rail_fits_known_many`, the filter's batch, says the same."""
     t = data.draw(railed_topologies())
     ledger = data.draw(ledgers(t))
     r = replace(data.draw(plainest(t)), rail_policy="required",
@@ -80,6 +80,12 @@ def test_required_fits_from_the_outlook_is_the_allocators_answer(data):
     alloc = Allocator()
     plain_fits = alloc.fits(t, ledger, replace(r, rails=())) is True
     said = alloc.rail_fits_known(t, alloc.rail_outlook(t, ledger), r, plain_fits)
+    # The filter's batch says the same, and without leave to search only what it knows.
+    for may_search in (True, False):
+        fresh = Allocator()
+        [batch] = fresh.rail_fits_known_many(
+            r, [(t, fresh.rail_outlook(t, ledger), plain_fits)], lambda m=may_search: m)
+        assert batch == said or (not may_search and batch is None), (may_search, batch, said)
     truth = Allocator().fits(t, ledger, r)
     if said is None:
         return

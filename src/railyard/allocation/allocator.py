@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import operator
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -280,13 +281,39 @@ class Allocator:
         without the sequence and the refusal is that one. None: the outlook cannot say (the
         caller asks `fits`), or, without `search`, the empty node is not decided yet."""
         asked = self._asked(request)
+        if asked.wanted is None:
+            return None  # not a request the counts answer
+        return self._rail_fits(asked, asked.wanted, topology, outlook, plain_fits, search)
+
+    def rail_fits_known_many(
+            self, request: Request, asks: Sequence[tuple[NodeTopology, RailOutlook, bool]],
+            may_search: Callable[[], bool]) -> list[bool | Refusal | None]:
+        """`rail_fits_known` for many groups at once (`asks`: per group a topology, its
+        outlook and whether the request without the sequence fits there), the request's part
+        worked out once: what the extender's filter asks of every group when a job's
+        sequence is new to them. Searches only for an empty node's answer with the sequence
+        (once per shape), and only while `may_search()` says so."""
+        asked = self._asked(request)
         wanted = asked.wanted
         if wanted is None:
-            return None  # not a request the counts answer
+            return [None] * len(asks)
+        fits = self._rail_fits
+        out: list[bool | Refusal | None] = []
+        for topology, outlook, plain_fits in asks:
+            said = fits(asked, wanted, topology, outlook, plain_fits, False)
+            if said is None and outlook.plain_pool and may_search():
+                said = fits(asked, wanted, topology, outlook, plain_fits, True)
+            out.append(said)
+        return out
+
+    def _rail_fits(self, asked: _Asked, wanted: tuple[tuple[int, int], ...],
+                   topology: NodeTopology, outlook: RailOutlook, plain_fits: bool,
+                   search: bool) -> bool | Refusal | None:
+        """`rail_fits_known` for a request the counts answer (`wanted`: `asked.wanted`)."""
         counted = outlook.keeps_wanted(wanted)
         if counted is None or (counted and plain_fits):
             return counted
-        spec = asked.spec
+        spec, request = asked.spec, asked.request
         # The empty node's answer with the sequence, once per shape for this request: True
         # where it fits by counting (no search for it), else its decision.
         ideal = asked.empty.get(outlook.group[0])
@@ -348,6 +375,17 @@ class Allocator:
             return coarse  # about to be exact at no cost: nothing to gain here
         empty = (shape.id, _EMPTY_SIGNATURE, ())
         worst = decided.key[0]
+        if spec.rails_required:
+            clear = outlook.clear_worst(asked.counted, worst)
+            if clear is None:
+                return 0
+            worst = clear  # the sequence's worst pair is at least this
+        if worst > Distance.PXB:
+            # Beyond PXB the band does not ask how the empty node does (`_band`): the bound
+            # needs neither its answer nor a search for it.
+            low, levels = _band(worst, False, request.scored_preference)
+            return min(coarse, low + _packing(self.packing, levels, shape, outlook.group[1],
+                                              request))
         # The empty node's answer with the sequence, key items 1–6 (mismatches: item 2),
         # known without searching it where `_empty_with_rails` knows it; else the upper tier
         # proved without it (`_no_worse_than_empty`), else the search.
@@ -368,10 +406,6 @@ class Allocator:
                         else coarse)
             ideal = decided_empty.key[:6]
         if spec.rails_required:
-            clear = outlook.clear_worst(asked.counted, worst)
-            if clear is None:
-                return 0
-            worst = clear  # the sequence's worst pair is at least this
             same = ideal is None or (decided.key[:6] <= ideal and worst <= ideal[0])
         else:
             same = ideal is None or (
@@ -475,30 +509,42 @@ class Allocator:
         if isinstance(decided, Refusal):
             score = 0
         else:
-            empty = (shape.id, _EMPTY_SIGNATURE, ())
-            # The empty node with the sequence, known without searching it (see there).
-            unknown = bool(request.wanted_rails) and self._memo.get(
-                (empty, request.search_shape)) is None
-            known = self._empty_with_rails(shape, self._asked(request)) if unknown else None
-            if known is not None:
-                same = decided.key[:6] == known
-            elif unknown and self._as_good_as_empty_without_rails(shape, request, decided):
-                same = True
-            else:
-                ideal = self._decide(shape, empty, None, request, search)
-                if ideal is None:
-                    return None
-                # An empty node whose search spends the budget: not known to be as good.
-                spent = isinstance(ideal, Refusal) and ideal.search_budget_spent
-                # Worst and summed distance, rail mismatches, span and crowding.
-                same = not isinstance(ideal, Refusal) and decided.key[:6] == ideal.key[:6]
             worst = decided.key[0] if Spec.of(request).pairs else int(Distance.PIX)
+            same = False  # beyond PXB the band does not ask: no empty node to compare with
+            if worst <= Distance.PXB:
+                compared, spent = self._as_good_as_empty(shape, request, decided, search)
+                if compared is None:
+                    return None
+                same = compared
             low, levels = _band(worst, same, request.scored_preference)
             score = low + _packing(self.packing, levels, shape, group[1], request)
         if spent:
             return score  # depends on the budget, not only on the shape: not kept
         _remember(self._scores, key, score)
         return score
+
+    def _as_good_as_empty(self, shape: NodeShape, request: Request, decided: Choice,
+                          search: bool) -> tuple[bool | None, bool]:
+        """Whether `decided`, a node's best choice, is as good as the empty node's (key
+        items 1–6), and whether finding out spent the search budget (the score then depends
+        on the budget). None, without `search`, where the empty node is not decided yet."""
+        empty = (shape.id, _EMPTY_SIGNATURE, ())
+        # The empty node with the sequence, known without searching it (see there).
+        unknown = bool(request.wanted_rails) and self._memo.get(
+            (empty, request.search_shape)) is None
+        known = self._empty_with_rails(shape, self._asked(request)) if unknown else None
+        if known is not None:
+            return decided.key[:6] == known, False
+        if unknown and self._as_good_as_empty_without_rails(shape, request, decided):
+            return True, False
+        ideal = self._decide(shape, empty, None, request, search)
+        if ideal is None:
+            return None, False
+        # An empty node whose search spends the budget: not known to be as good.
+        if isinstance(ideal, Refusal):
+            return False, ideal.search_budget_spent
+        # Worst and summed distance, rail mismatches, span and crowding.
+        return decided.key[:6] == ideal.key[:6], False
 
     def shape(self, topology: NodeTopology) -> NodeShape:
         """The search view of a topology: built once per shape, then shared by every

@@ -613,18 +613,28 @@ class ClusterState:
                       and hasattr(self.allocator, "rail_fits_known"))
         plain = replace(request, rails=()) if by_outlook else request
         plain_shape = plain.shape
+        unknown: list[tuple[_Group, str]] = []
         for g, member in some_member.items():
             known = g.answers.get(shape)  # the common case, without a call
             if known is None or known.fits is None:
-                if self.over_budget(mark):
-                    refusals[g] = self._deferred()
-                    continue
-                if by_outlook:
-                    known = self._required_by_outlook(g, member, request, shape, plain,
-                                                      plain_shape, search)
-                if known is None or known.fits is None:
-                    known = self._answer(g, member, request, shape, score=False,
-                                         search=search)
+                unknown.append((g, member))
+            else:
+                refusals[g] = known.refusal
+        if by_outlook and unknown and hasattr(self.allocator, "rail_fits_known_many"):
+            # All that the outlooks answer without a search, in one call (a new sequence).
+            unknown = self._required_by_outlooks(
+                unknown, request, shape, plain_shape, refusals,
+                lambda: search and not self.over_budget(mark))
+        for g, member in unknown:
+            if self.over_budget(mark):
+                refusals[g] = self._deferred()
+                continue
+            known = None
+            if by_outlook:
+                known = self._required_by_outlook(g, member, request, shape, plain,
+                                                  plain_shape, search)
+            if known is None or known.fits is None:
+                known = self._answer(g, member, request, shape, score=False, search=search)
             refusals[g] = known.refusal
         if None in of_name:
             refusals[None] = _UNKNOWN
@@ -658,6 +668,42 @@ class ClusterState:
             else:
                 out.failed[name] = refusal.text(name)
         return out
+
+    def _required_by_outlooks(self, groups: list[tuple[_Group, str]], request: Request,
+                              shape: tuple, plain_shape: tuple,
+                              refusals: dict[_Group | None, Refusal | None],
+                              may_search: Callable[[], bool]) -> list[tuple[_Group, str]]:
+        """`_required_by_outlook` for many groups at once: each group whose answer without
+        the sequence is known (and not a spent budget's) is answered from its rail outlook
+        (`Allocator.rail_fits_known_many`, which searches only an empty node per shape, and
+        only while `may_search()`), kept, and its refusal written into `refusals`. Returns
+        the groups it could not answer (the caller asks them one by one)."""
+        left: list[tuple[_Group, str]] = []
+        asks: list[tuple[NodeTopology, object, bool]] = []
+        asked: list[tuple[_Group, str, _Answer]] = []
+        for g, member in groups:
+            without = g.answers.get(plain_shape)
+            if without is None or without.fits is None or (
+                    without.refusal is not None and without.refusal.search_budget_spent):
+                left.append((g, member))
+                continue
+            outlook = g.outlook if g.outlook is not None else self._outlook(g, member)
+            if outlook is None:  # `member` left g meanwhile
+                left.append((g, member))
+                continue
+            asks.append((self._nodes[member].topology, outlook, without.fits))
+            asked.append((g, member, without))
+        said_all = self.allocator.rail_fits_known_many(  # type: ignore[attr-defined]
+            request, asks, may_search)
+        for (g, member, without), said in zip(asked, said_all, strict=True):
+            if said is None:
+                left.append((g, member))
+                continue
+            known = (self._keep(g, shape, fits=True) if said is True else
+                     self._keep(g, shape, fits=False,
+                                refusal=without.refusal if said is False else said))
+            refusals[g] = known.refusal
+        return left
 
     def _required_by_outlook(self, g: _Group, member: str, request: Request, shape: tuple,
                              plain: Request, plain_shape: tuple,
