@@ -608,9 +608,9 @@ class ClusterState:
         mark = self.search_mark()
         refusals: dict[_Group | None, Refusal | None] = {}
         # A required sequence is answered from each group's rail outlook where it can be
-        # (`_required_by_outlook`): a new sequence then costs no search per group.
+        # (`_required_by_outlooks`): a new sequence then costs no search per group.
         by_outlook = (request.wanted_rails and request.rail_policy == "required"
-                      and hasattr(self.allocator, "rail_fits_known"))
+                      and hasattr(self.allocator, "rail_fits_known_many"))
         plain = replace(request, rails=()) if by_outlook else request
         plain_shape = plain.shape
         unknown: list[tuple[_Group, str]] = []
@@ -620,11 +620,14 @@ class ClusterState:
                 unknown.append((g, member))
             else:
                 refusals[g] = known.refusal
-        if by_outlook and unknown and hasattr(self.allocator, "rail_fits_known_many"):
-            # All that the outlooks answer without a search, in one call (a new sequence).
-            unknown = self._required_by_outlooks(
-                unknown, request, shape, plain_shape, refusals,
+        if by_outlook and unknown:
+            # All the groups whose answer without the sequence is known, in one call: what
+            # a new sequence asks of most of them.
+            answered, unknown = self._required_by_outlooks(
+                unknown, request, shape, plain_shape,
                 lambda: search and not self.over_budget(mark))
+            for g, known in answered:
+                refusals[g] = known.refusal
         for g, member in unknown:
             if self.over_budget(mark):
                 refusals[g] = self._deferred()
@@ -670,14 +673,15 @@ class ClusterState:
         return out
 
     def _required_by_outlooks(self, groups: list[tuple[_Group, str]], request: Request,
-                              shape: tuple, plain_shape: tuple,
-                              refusals: dict[_Group | None, Refusal | None],
-                              may_search: Callable[[], bool]) -> list[tuple[_Group, str]]:
-        """`_required_by_outlook` for many groups at once: each group whose answer without
-        the sequence is known (and not a spent budget's) is answered from its rail outlook
+                              shape: tuple, plain_shape: tuple, may_search: Callable[[], bool],
+                              ) -> tuple[list[tuple[_Group, _Answer]], list[tuple[_Group, str]]]:
+        """Whether a pod with a `rails: required` sequence fits each of `groups`, from its
+        answer without the sequence and its rail outlook, all in one allocator call
         (`Allocator.rail_fits_known_many`, which searches only an empty node per shape, and
-        only while `may_search()`), kept, and its refusal written into `refusals`. Returns
-        the groups it could not answer (the caller asks them one by one)."""
+        only while `may_search()`): the groups answered, each with its answer (kept), and
+        those it cannot say for (no answer without the sequence yet, a spent budget's, or
+        the outlook cannot tell: the caller asks the allocator). `plain_shape` is the shape
+        of `request` without the sequence (built once per call)."""
         left: list[tuple[_Group, str]] = []
         asks: list[tuple[NodeTopology, object, bool]] = []
         asked: list[tuple[_Group, str, _Answer]] = []
@@ -688,51 +692,38 @@ class ClusterState:
                 left.append((g, member))
                 continue
             outlook = g.outlook if g.outlook is not None else self._outlook(g, member)
-            if outlook is None:  # `member` left g meanwhile
+            if outlook is None:  # `member` left g meanwhile: its outlook is not g's state
                 left.append((g, member))
                 continue
             asks.append((self._nodes[member].topology, outlook, without.fits))
             asked.append((g, member, without))
         said_all = self.allocator.rail_fits_known_many(  # type: ignore[attr-defined]
-            request, asks, may_search)
+            request, asks, may_search) if asks else []
+        answered: list[tuple[_Group, _Answer]] = []
         for (g, member, without), said in zip(asked, said_all, strict=True):
             if said is None:
                 left.append((g, member))
-                continue
-            known = (self._keep(g, shape, fits=True) if said is True else
-                     self._keep(g, shape, fits=False,
-                                refusal=without.refusal if said is False else said))
-            refusals[g] = known.refusal
-        return left
+            elif said is True:
+                answered.append((g, self._keep(g, shape, fits=True)))
+            else:
+                answered.append((g, self._keep(
+                    g, shape, fits=False, refusal=without.refusal if said is False else said)))
+        return answered, left
 
     def _required_by_outlook(self, g: _Group, member: str, request: Request, shape: tuple,
                              plain: Request, plain_shape: tuple,
                              search: bool) -> _Answer | None:
-        """Whether a pod with a `rails: required` sequence fits group `g`, from the answer
-        without the sequence and the group's rail outlook (`Allocator.rail_fits_known`);
-        None where those cannot say (the caller asks the allocator). `plain` is `request`
-        without the sequence, `plain_shape` its shape (both built once per call)."""
+        """`_required_by_outlooks` for one group, first asking (searching where it must) for
+        its answer without the sequence; None where that cannot say. `plain` is `request`
+        without the sequence."""
         without = g.answers.get(plain_shape)
         if without is None or without.fits is None:
+            # Kept on g only if it is still g's: `_answer` answers for the group `member`
+            # is in now, and a spent budget is not kept at all.
             self._answer(g, member, plain, plain_shape, score=False, search=search)
-            # g's own answer only: `_answer` answers for the group `member` is in now, which
-            # is not g when it moved meanwhile, and a spent budget is not kept at all.
-            without = g.answers.get(plain_shape)
-            if without is None or without.fits is None:
-                return None
-        if without.refusal is not None and without.refusal.search_budget_spent:
-            return None
-        outlook = g.outlook if g.outlook is not None else self._outlook(g, member)
-        if outlook is None:
-            return None  # `member` left `g` meanwhile: its outlook is not g's free state
-        said = self.allocator.rail_fits_known(  # type: ignore[attr-defined]
-            self._nodes[member].topology, outlook, request, without.fits, search)
-        if said is None:
-            return None
-        if said is True:
-            return self._keep(g, shape, fits=True)
-        return self._keep(g, shape, fits=False,
-                          refusal=without.refusal if said is False else said)
+        answered, _ = self._required_by_outlooks([(g, member)], request, shape, plain_shape,
+                                                 lambda: search)
+        return answered[0][1] if answered else None
 
     def idle_whole_nodes(self) -> int:
         """Nodes of RESERVE_GPUS GPUs or more with nothing held: what the reserve keeps."""
