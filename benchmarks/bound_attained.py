@@ -23,6 +23,7 @@ from collections import defaultdict
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
+from railyard.cli.simulate import DEFAULT_CLUSTER
 from railyard.scheduler.cluster_file import cluster_from_spec
 from railyard.sim.arrivals import Arrival, trace_arrivals
 from railyard.sim.bounds import (
@@ -35,7 +36,7 @@ from railyard.sim.bounds import (
 from railyard.sim.sharing import MILLI_PER_GPU, shares_gpu
 from railyard.sim.trace import load_trace
 
-CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"
+CLUSTER = DEFAULT_CLUSTER  # `railyard simulate`'s
 
 
 def first_fit(program: Program, x: np.ndarray, live: list[Arrival], k: int,

@@ -27,13 +27,14 @@ import statistics
 import sys
 from dataclasses import replace
 
+from railyard.cli.simulate import DEFAULT_CLUSTER
 from railyard.scheduler.cluster_file import cluster_from_spec
 from railyard.sim.arrivals import Arrival, trace_arrivals
 from railyard.sim.gangs import add_gangs
 from railyard.sim.run import simulate, timeline
 from railyard.sim.trace import load_trace
 
-CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"  # `railyard simulate`'s default
+CLUSTER = DEFAULT_CLUSTER  # `railyard simulate`'s
 TRACE = "openb-default"
 FORMS = ("no-rails", "required")
 

@@ -163,7 +163,7 @@ class Allocator:
         """
         shape = self.shape(topology)
         if ledger is None:
-            return (shape.id, _EMPTY_SIGNATURE, ())
+            return _empty_group(shape)
         return (shape.id, ledger.signature(), _odd_used(shape, ledger))
 
     def node_score(self, topology: NodeTopology, ledger: Ledger, request: Request) -> int:
@@ -319,7 +319,7 @@ class Allocator:
         ideal = asked.empty.get(outlook.group[0])
         if ideal is None:
             shape = self.shape(topology)
-            empty = (shape.id, _EMPTY_SIGNATURE, ())
+            empty = _empty_group(shape)
             if self._memo.get((empty, asked.search_shape)) is None and \
                     self._empty_fits_by_counts(shape, asked.search_shape, spec):
                 ideal = True
@@ -373,7 +373,7 @@ class Allocator:
         if _keeps_rails(shape, decided, request, spec.rails) and (
                 (outlook.group, asked.search_shape) in self._memo):
             return coarse  # about to be exact at no cost: nothing to gain here
-        empty = (shape.id, _EMPTY_SIGNATURE, ())
+        empty = _empty_group(shape)
         worst = decided.key[0]
         if spec.rails_required:
             clear = outlook.clear_worst(asked.counted, worst)
@@ -434,8 +434,8 @@ class Allocator:
 
         False where this cannot be shown (the caller asks the empty node with the
         sequence)."""
-        low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()), asked.plain_search_shape))
-        if not isinstance(low, Choice) or not decided.key[:6] <= low.key[:6]:
+        low = self._empty_without_rails(shape, asked)
+        if low is None or not decided.key[:6] <= low.key[:6]:
             return False
         spec = asked.spec
         if spec.rails_required:
@@ -456,9 +456,8 @@ class Allocator:
         sequence only removes choices or adds mismatches; a node's choices are the empty
         node's too, with the same key), so `node_score` needs no search of the empty
         node with the sequence."""
-        low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()),
-                              self._asked(request).plain_search_shape))
-        return isinstance(low, Choice) and decided.key[:6] == low.key[:6]
+        low = self._empty_without_rails(shape, self._asked(request))
+        return low is not None and decided.key[:6] == low.key[:6]
 
     def _empty_with_rails(self, shape: NodeShape, asked: _Asked) -> tuple | None:
         """Key items 1–6 of the empty node's best choice with the request's rail sequence,
@@ -474,10 +473,17 @@ class Allocator:
         kept = self._kept_rails.get((shape.id, asked.plain_search_shape, spec.rails))
         if kept is None:
             return None
-        low = self._memo.get(((shape.id, _EMPTY_SIGNATURE, ()), asked.plain_search_shape))
-        if not isinstance(low, Choice) or low.key[:6] != kept:
+        low = self._empty_without_rails(shape, asked)
+        if low is None or low.key[:6] != kept:
             return None
         return kept
+
+    def _empty_without_rails(self, shape: NodeShape, asked: _Asked) -> Choice | None:
+        """The empty node's best choice for the request without its rail sequence, where the
+        memo holds one: what the proofs that spare the search with the sequence start from
+        (the sequence only removes choices or adds mismatches)."""
+        low = self._memo.get((_empty_group(shape), asked.plain_search_shape))
+        return low if isinstance(low, Choice) else None
 
     def _note_rails(self, shape: NodeShape, request: Request, choice: Choice) -> None:
         """Keep, for a best choice just decided for a request without a rail sequence, the
@@ -528,7 +534,7 @@ class Allocator:
         """Whether `decided`, a node's best choice, is as good as the empty node's (key
         items 1–6), and whether finding out spent the search budget (the score then depends
         on the budget). None, without `search`, where the empty node is not decided yet."""
-        empty = (shape.id, _EMPTY_SIGNATURE, ())
+        empty = _empty_group(shape)
         # The empty node with the sequence, known without searching it (see there).
         unknown = bool(request.wanted_rails) and self._memo.get(
             (empty, request.search_shape)) is None
@@ -680,12 +686,18 @@ _BANDS = {5: (7, 4), 4: (5, 2), 3: (3, 2), 2: (2, 1), 1: (1, 1)}
 _PREFERRED_BANDS = {5: (7, 4), 4: (5, 2), 3: (4, 1), 2: (3, 1), 1: (2, 1), 0: (1, 1)}
 
 
+def _empty_group(shape: NodeShape) -> tuple:
+    """The group key of an empty node of `shape` (`Allocator.group_key` with no ledger)."""
+    return (shape.id, _EMPTY_SIGNATURE, ())
+
+
 def _remember(memo: dict, key: object, value: object) -> None:
     """Keep `value` in one of the allocator's memos, emptied first once it holds
     _MEMO_LIMIT entries (a cheap bound: the answers come back by searching again)."""
     if len(memo) >= _MEMO_LIMIT:
         memo.clear()
     memo[key] = value
+
 
 def _band(worst: int, same: bool, preferred: int | None) -> tuple[int, int]:
     """The score band (lowest score, levels) of a node whose best choice has `worst` as its

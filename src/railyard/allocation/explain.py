@@ -19,7 +19,7 @@ from railyard.allocation.search import (
     feasible,
     vfs_beside_whole,
 )
-from railyard.allocation.shape import FreeState, NodeShape
+from railyard.allocation.shape import FreeState, NodeShape, free_rails
 from railyard.allocation.types import Refusal
 from railyard.topology.model import Distance
 
@@ -141,9 +141,7 @@ def _distance_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
 
 def _rails_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
     """`rails: required` (docs/rails.md): the sequence wanted, and the rails free here."""
-    have = sorted({shape.pf_rail[j] for j in range(len(shape.pfs))
-                   if (free.vfs[j] or free.whole_ok[j]) and shape.pf_rail[j] >= 0})
-    return rails_reason(spec.rails, have, spec.max_distance)
+    return rails_reason(spec.rails, free_rails(shape, free), spec.max_distance)
 
 
 def rails_reason(wanted: Sequence[int], free_rails: Sequence[int],

@@ -17,7 +17,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from railyard.allocation.search import Spec
-from railyard.allocation.shape import FreeState, NodeShape
+from railyard.allocation.shape import FreeState, NodeShape, free_rails
 from railyard.topology.model import Distance
 
 
@@ -52,10 +52,8 @@ class RailOutlook:
                 reach[rail] = tuple(sorted([dist[i][j] for i in gpus]))
             else:
                 reach[rail] = tuple(sorted([min([dist[i][j] for j in on]) for i in gpus]))
-        whole_ok = free.whole_ok
-        free_rails = tuple(sorted({pf_rail[j] for j, n in enumerate(free.vfs)
-                                   if (n or whole_ok[j]) and pf_rail[j] >= 0}))
-        return cls(group, len(gpus), vfs_on, reach, free_rails, len(shape.pool_names) == 1)
+        return cls(group, len(gpus), vfs_on, reach, free_rails(shape, free),
+                   len(shape.pool_names) == 1)
 
     def counts_apply(self, spec: Spec) -> bool:
         """Whether the counts below speak for `spec` on this node: one VF pool here, and

@@ -143,6 +143,12 @@ class Request:
         return p if Distance.PXB < p < Distance.SYS else None
 
     @property
+    def takes_job_rails(self) -> bool:
+        """Whether the pod's job's rail sequence steers it (docs/rails.md): GPUs asked, and
+        not `rail_policy: none`."""
+        return self.gpus > 0 and self.rail_policy != "none"
+
+    @property
     def wanted_rails(self) -> tuple[int | None, ...]:
         """The rail sequence the allocator weighs: none under `rail_policy: none`, and
         trailing unknowns dropped (they constrain nothing)."""

@@ -462,10 +462,9 @@ class Search:
                 for d, j, _ in self.offers[i]:
                     near.setdefault(sh.pf_rail[j], d)
                 self.rail_dist[i] = near
-        if self.rails_fixed and sp.rails_required and sp.hi <= 1:
-            candidates = self._required_candidates(free_gpus, k)
-        else:
-            candidates = self._candidates(free_gpus, k)
+        if self.rails_fixed and sp.rails_required:
+            self.need = self._required_table(free_gpus, k)
+        candidates = self._candidates(free_gpus, k)
         candidates.sort()
         for lw, lm, ls, lspan, gset, mask in candidates:
             bk = self.best_key
@@ -489,13 +488,13 @@ class Search:
         """Level 1: per GPU set that may hold a choice, lower bounds of the key's first
         items (worst, mismatches, sum, NUMA span), with the set and its NUMA mask."""
         sh, sp = self.shape, self.spec
-        pairs = sp.pairs
+        pairs, plain = sp.pairs, self._plain_bound_counts()
         candidates = []
         for gset in combinations(free_gpus, k):
             self.explored += 1
             if self.explored > self.limit:
                 self.spend()
-            if pairs:
+            if pairs and plain:
                 bests = sorted(self.best_of[i] for i in gset)
                 if bests[pairs - 1] >= INF:
                     continue
@@ -523,37 +522,27 @@ class Search:
             candidates.append((lw, lm, ls, s[0], gset, mask))
         return candidates
 
-    def _required_candidates(self, free_gpus: list[int], k: int) -> list[tuple]:
-        """`_candidates` for a required sequence with one GPU per NIC: every GPU is paired,
-        none nearer than its class on its position's rail, so `_required_bound` alone bounds
-        worst and sum (it is at least each GPU's nearest class), read here from one table
-        per position: the same candidates for a fraction of the work."""
-        sh, rails, rail_dist, best_of = self.shape, self.rails, self.rail_dist, self.best_of
-        need = []  # need[p][i]: GPU i's class as pair p (INF: it cannot be pair p)
+    def _plain_bound_counts(self) -> bool:
+        """Whether the first level works out each GPU set's plain bound (its GPUs' nearest
+        classes): not under a required sequence with one GPU per NIC, where every GPU is
+        paired and none nearer than its class on its position's rail, so `_required_bound`
+        is at least the plain bound and alone decides."""
+        sp = self.spec
+        return not (self.rails_fixed and sp.rails_required and sp.hi <= 1)
+
+    def _required_table(self, free_gpus: list[int], k: int) -> list[list[int]]:
+        """Per pair position p, per GPU i: i's class as pair p — to the rail p wants, or its
+        nearest offer where p wants none (INF: i cannot be pair p). What `_required_bound`
+        reads for every GPU set."""
+        rails, rail_dist, best_of = self.rails, self.rail_dist, self.best_of
+        need = []
         for p in range(k):
             want = rails[p] if p < len(rails) else -1
-            row = [INF] * len(sh.gpus)
+            row = [INF] * len(self.shape.gpus)
             for i in free_gpus:
                 row[i] = best_of[i] if want < 0 else rail_dist[i].get(want, INF)
             need.append(row)
-        numa_bit = [1 << b for b in sh.gpu_numa]
-        candidates = []
-        for gset in combinations(free_gpus, k):
-            self.explored += 1
-            if self.explored > self.limit:
-                self.spend()
-            ds = list(map(getitem, need, gset))
-            lw = max(ds)
-            if lw >= INF:
-                continue
-            mask = 0
-            for i in gset:
-                mask |= numa_bit[i]
-            s = self.span(mask)
-            if s is None:
-                continue
-            candidates.append((lw, 0, sum(ds), s[0], gset, mask))
-        return candidates
+        return need
 
     def rail_misses(self, gset: tuple[int, ...], d: int, within: int) -> int:
         """The rail mismatches pairs d, d+1, … of `gset` have at least when no pair is worse
@@ -568,16 +557,9 @@ class Search:
         """`rails: required`, every GPU paired: (worst, sum) lower bounds from each GPU's
         class to the rail its position wants (its nearest offer elsewhere); None when a
         position's GPU reaches its rail not at all."""
-        rails, rail_dist, best_of = self.rails, self.rail_dist, self.best_of
-        worst = total = 0
-        for p, i in enumerate(gset):
-            want = rails[p] if p < len(rails) else -1
-            d = best_of[i] if want < 0 else rail_dist[i].get(want, INF)
-            if d >= INF:
-                return None
-            worst = max(worst, d)
-            total += d
-        return worst, total
+        ds = list(map(getitem, self.need, gset))  # pair p is gset[p]
+        worst = max(ds)
+        return None if worst >= INF else (worst, sum(ds))
 
     def _few_nics_bound(self, gset: tuple[int, ...], lw: int, ls: int) -> tuple[int, int]:
         """Shared pairing: n NICs sit on at most n PFs, so at most the GPUs those PFs are

@@ -268,6 +268,14 @@ class FreeState:
         return replace(self, vfs=self.pools[pool])
 
 
+def free_rails(shape: NodeShape, free: FreeState) -> tuple[int, ...]:
+    """The known rails of the PFs with a free VF or free whole, ascending: what a refusal of
+    a required rail sequence names (docs/rails.md)."""
+    whole_ok, pf_rail = free.whole_ok, shape.pf_rail
+    return tuple(sorted({pf_rail[j] for j, n in enumerate(free.vfs)
+                         if (n or whole_ok[j]) and pf_rail[j] >= 0}))
+
+
 def empty_state(shape: NodeShape) -> FreeState:
     """Everything free: a function of the shape key alone (the counts, not the devices), so
     built once and shared by every node of the shape (the free state is immutable)."""

@@ -153,6 +153,17 @@ def filter_line(facts: PodFacts, asked: int, out: FilterOutcome) -> str:
                          unresolvable=len(out.unresolvable), why=why)
 
 
+class _JobTurn:
+    """One job's bind turn (`Extender._job_turn`): the lock, and how many binds hold or wait
+    for it (the entry goes when none does)."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.users = 0
+
+
 class Extender:
     """The extender's handlers over one ClusterState."""
 
@@ -181,9 +192,9 @@ class Extender:
         # Binds whose writes are in flight, by UID: a retry of the same bind waits for the
         # first one's outcome instead of allocating twice.
         self._inflight: dict[str, asyncio.Task[str]] = {}
-        # Per job whose rails steer its pods: [the lock its binds take turns deciding under,
-        # how many binds hold or wait for it] (`_job_turn`).
-        self._job_turns: dict[str, list[Any]] = {}
+        # Per job whose rails steer its pods: the lock its binds take turns deciding under
+        # (`_job_turn`).
+        self._job_turns: dict[str, _JobTurn] = {}
         # Releases being recorded, by UID: a bind waits for one, so it never answers "already
         # bound" for devices about to be freed.
         self._releasing: dict[str, asyncio.Future[None]] = {}
@@ -427,7 +438,7 @@ class Extender:
                 self.metrics.pods.set(self.state.pod_count())
             return error
         r = facts.request
-        steered = facts.job if r.gpus and r.rail_policy != "none" else None
+        steered = facts.job if r.takes_job_rails else None
         async with self._job_turn(steered):
             # The job's rails as of now: a pod of the job bound since this one's filter
             # counts. One bind of a job at a time reads them and commits (docs/rails.md):
@@ -458,16 +469,16 @@ class Extender:
         if job is None:
             yield
             return
-        entry = self._job_turns.get(job)
-        if entry is None:
-            entry = self._job_turns[job] = [asyncio.Lock(), 0]
-        entry[1] += 1
+        turn = self._job_turns.get(job)
+        if turn is None:
+            turn = self._job_turns[job] = _JobTurn()
+        turn.users += 1
         try:
-            async with entry[0]:
+            async with turn.lock:
                 yield
         finally:
-            entry[1] -= 1
-            if not entry[1]:
+            turn.users -= 1
+            if not turn.users:
                 del self._job_turns[job]
 
     async def _write(self, pod: BoundPod, who: str) -> str:

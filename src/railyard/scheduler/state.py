@@ -691,7 +691,7 @@ class ClusterState:
                     without.refusal is not None and without.refusal.search_budget_spent):
                 left.append((g, member))
                 continue
-            outlook = g.outlook if g.outlook is not None else self._outlook(g, member)
+            outlook = self._outlook(g, member)
             if outlook is None:  # `member` left g meanwhile: its outlook is not g's state
                 left.append((g, member))
                 continue
@@ -893,7 +893,7 @@ class ClusterState:
         """`request` with its job's rail sequence (docs/rails.md): what filter, prioritize and
         bind weigh for a pod of a job; the first pod of a job, like a pod of none, has none
         and picks freely."""
-        if job is None or not request.gpus or request.rail_policy == "none":
+        if job is None or not request.takes_job_rails:
             return request
         rails = self.job_rails(job)
         return replace(request, rails=rails) if rails != request.rails else request
