@@ -22,9 +22,15 @@ the last event):
 - `ry+frag-levels`: what an extender could send instead, for a pod without GPUs: its top
   tier's four scores (7–10) by how much the pod grows that fragmentation (not at all, by up
   to a quarter of its CPUs, up to all of them, more), with kube-scheduler's default scores
-  added as in `ry+k8s-least`.
+  added as in `ry+k8s-least`;
+- `ry+levels`: those four scores alone, as the simulator ranks every policy (kube-scheduler's
+  own scores unmodelled).
 
-    python benchmarks/dlrm_cpu_ranking.py --trace PATH [--seeds 0 1 2 3 4]
+The CPU-fragmentation rankings are given the run's CN shapes up front, as FGD is; with
+`--learn-shapes` they learn them instead from the CN instances arrived so far, as an extender
+would have to (it sees each pod only when asked about it).
+
+    python benchmarks/dlrm_cpu_ranking.py --trace PATH [--seeds 0 1 2 3 4] [--learn-shapes]
 """
 
 from __future__ import annotations
@@ -48,19 +54,23 @@ from railyard.sim.trace import TracePod, load_trace
 from railyard.topology.model import NodeTopology
 
 EXTENDER_WEIGHT = 5  # deploy/kube-scheduler-config.yaml
-PROTOTYPES = ("ry+k8s-least", "ry+k8s-most", "ry+cpu-frag", "ry+frag-levels")
+PROTOTYPES = ("ry+k8s-least", "ry+k8s-most", "ry+cpu-frag", "ry+frag-levels", "ry+levels")
 
 
 class RankedRailyard(RailyardPolicy):
     """The `railyard` policy with one of the rankings above in place of its own."""
 
     def __init__(self, topologies: Sequence[NodeTopology], seed: int, ranking: str,
-                 resources: NodeResources, shapes: dict[tuple[int, int], float]) -> None:
+                 resources: NodeResources, shapes: dict[tuple[int, int], float],
+                 learn: bool = False) -> None:
         super().__init__(topologies, seed)
         self.name = ranking
         self.ranking = ranking
         self.resources = resources
         self.shapes = shapes  # (CPU milli, memory MiB) -> share of the CN arrivals
+        # With `learn`, `shapes` is rebuilt from the CN instances arrived so far instead.
+        self.learn = learn
+        self._seen: Counter[tuple[int, int]] = Counter()
         self.pod: TracePod | None = None  # the pod being placed (set by `replay`)
 
     def _pick(self, request: Request, nodes: Sequence[str]) -> str | Infeasible:
@@ -69,16 +79,21 @@ class RankedRailyard(RailyardPolicy):
         if not fits:
             return Infeasible("no node fits")
         pod = self.pod
+        if self.learn and pod.role == "CN":
+            self._seen[(pod.cpu_milli, pod.memory_mib)] += 1
+            seen = sum(self._seen.values())
+            self.shapes = {s: k / seen for s, k in self._seen.items()}
         if self.ranking == "ry+cpu-frag":
             if request.gpus:
                 return super()._pick(request, fits)
             rank = {n: -round(self._fragment(n, pod) - self._fragment(n, None), 9)
                     for n in fits}
-        elif self.ranking == "ry+frag-levels":
+        elif self.ranking in ("ry+frag-levels", "ry+levels"):
             if request.gpus:
                 return super()._pick(request, fits)
+            k8s = self.ranking == "ry+frag-levels"
             rank = {n: round(10 * EXTENDER_WEIGHT * (7 + self._level(n, pod))
-                             + self._k8s(n, pod), 9) for n in fits}
+                             + (self._k8s(n, pod) if k8s else 0), 9) for n in fits}
         else:
             extender = self.state.scores(request, fits)
             rank = {n: round(10 * EXTENDER_WEIGHT * extender[n] + self._k8s(n, pod), 9)
@@ -150,6 +165,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", required=True, help="the DLRM trace CSV")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--learn-shapes", action="store_true",
+                        help="the CPU-fragmentation rankings learn the CN shapes as they arrive")
     args = parser.parse_args()
     trace = load_trace(args.trace)
     topologies = list(cluster_from_spec(DEFAULT_DLRM_CLUSTER))
@@ -163,7 +180,8 @@ def main() -> None:
         print(f"  {'policy':<14} {'placed':>6} {'CN vCPUs':>9} {'CN vCPU-h':>10}  failed by vCPUs")
         for name in (*DEFAULT_POLICIES, *PROTOTYPES):
             resources = NodeResources(topologies)
-            policy: Policy = (RankedRailyard(topologies, seed, name, resources, shapes)
+            policy: Policy = (RankedRailyard(topologies, seed, name, resources, shapes,
+                                             learn=args.learn_shapes)
                               if name in PROTOTYPES
                               else make_policy(name, topologies, seed, workload=arrivals))
             o = replay(policy, resources, arrivals)

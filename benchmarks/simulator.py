@@ -1,8 +1,8 @@
 """Benchmark: the simulation itself, in process, per policy (no start-up, no charts).
 
-`simulate()` for one policy at a time over the same arrivals on the default cluster
-(`dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8`), seed 0, both shipped traces, arrivals as
-`railyard simulate` makes them (openb-default replayed on its trace times, with departures);
+`simulate()` for one policy at a time over the same arrivals on `railyard simulate`'s
+default cluster, seed 0, both shipped traces, arrivals as it makes them (openb-default
+replayed on its trace times, with departures);
 median of `--repeats` runs, without the offline bound (timed on its own line). The baselines
 are each other's reference: same arrivals, same cluster.
 
@@ -17,13 +17,14 @@ import platform
 import statistics
 import time
 
+from railyard.cli.simulate import DEFAULT_CLUSTER
 from railyard.scheduler.cluster_file import cluster_from_spec
 from railyard.sim.arrivals import Arrival, draw_arrivals, trace_arrivals
 from railyard.sim.bounds import offline_bounds
 from railyard.sim.run import DEFAULT_POLICIES, simulate
 from railyard.sim.trace import load_trace
 
-CLUSTER = "dgx-h100:32,dgx-a100:16,hgx-h100-4nic:8"
+CLUSTER = DEFAULT_CLUSTER  # `railyard simulate`'s
 TRACES = ("openb-default", "openb-multigpu20")
 
 

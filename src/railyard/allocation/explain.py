@@ -144,13 +144,13 @@ def _rails_reason(shape: NodeShape, free: FreeState, spec: Spec) -> str:
     return rails_reason(spec.rails, free_rails(shape, free), spec.max_distance)
 
 
-def rails_reason(wanted: Sequence[int], free_rails: Sequence[int],
+def rails_reason(wanted: Sequence[int], rails_free: Sequence[int],
                  max_distance: int = Distance.SYS) -> str:
     """The reason a required sequence (`wanted`, −1 for any) does not fit where the free
-    NICs are on `free_rails` (ascending)."""
+    NICs are on `rails_free` (ascending)."""
     want = ", ".join("any" if r < 0 else str(r) for r in wanted)
     return (f"rails required: the job's pairs want rails {want} in pair order but the free "
-            f"NICs here are on " + (f"rails {', '.join(map(str, free_rails))}" if free_rails
+            f"NICs here are on " + (f"rails {', '.join(map(str, rails_free))}" if rails_free
                                    else "no known rail")
             + (f" within {Distance(max_distance).name}"
                if max_distance < Distance.SYS else ""))
