@@ -227,32 +227,51 @@ def test_a_recording_pods_own_events_are_still_left_to_the_binder():
 
 class _LandsThenFails:
     """The API server applies the Binding (or not: `lands`), then the create fails as a
-    timeout or a 5xx would; GET answers the pod as it is then (or fails: `readable`)."""
+    timeout or a 5xx would; GET answers the pod as it is then (or fails: `readable`), bound
+    to `elsewhere` by another scheduler, or gone (`gone`). `late` keeps a Binding that did
+    not land for `apply_late()`: a create the server applies after it was read back."""
 
-    def __init__(self, error: Exception, lands: bool, readable: bool = True) -> None:
+    def __init__(self, error: Exception | None, lands: bool, readable: bool = True,
+                 elsewhere: str = "", gone: bool = False) -> None:
         self.error, self.lands, self.readable = error, lands, readable
+        self.elsewhere, self.gone = elsewhere, gone
         self.bound: Pod | None = None
-        self.gets = 0
+        self.late: dict[str, Any] | None = None
+        self.gets = self.creates = 0
 
-    async def create(self, path: str, body: Any, type_: object) -> None:
+    async def create(self, path: str, body: Any, type_: object, **_: Any) -> None:
         if body.get("kind") != "Binding":
             return
-        if self.lands:
-            meta = body["metadata"]
-            self.bound = Pod(ObjectMeta(name=meta["name"], namespace=meta["namespace"],
-                                        uid=meta["uid"], annotations=meta["annotations"]),
-                             PodSpec(node_name=body["target"]["name"]),
-                             PodStatus(phase="Pending"))
-        raise self.error
+        self.creates += 1
+        if self.lands or self.error is None:
+            self.bound = self._applied(body)
+        else:
+            self.late = body
+        if self.error is not None:
+            raise self.error
+
+    def apply_late(self) -> Pod:
+        assert self.late is not None and self.bound is None
+        self.bound = self._applied(self.late)
+        return self.bound
+
+    @staticmethod
+    def _applied(body: dict[str, Any]) -> Pod:
+        meta = body["metadata"]
+        return Pod(ObjectMeta(name=meta["name"], namespace=meta["namespace"],
+                              uid=meta["uid"], annotations=meta["annotations"]),
+                   PodSpec(node_name=body["target"]["name"]), PodStatus(phase="Pending"))
 
     async def get(self, path: str, type_: object) -> Pod:
         self.gets += 1
         if not self.readable:
             raise ApiUnavailable(f"GET {path}: connection reset")
+        if self.gone:
+            raise ApiError(404, "NotFound", "pods \"p-1\" not found", f"GET {path}")
         if self.bound is not None:
             return self.bound
-        return Pod(ObjectMeta(name="p-1", namespace="ml", uid="1"), PodSpec(),
-                   PodStatus(phase="Pending"))
+        return Pod(ObjectMeta(name="p-1", namespace="ml", uid="1"),
+                   PodSpec(node_name=self.elsewhere), PodStatus(phase="Pending"))
 
 
 def _write_through(client: _LandsThenFails) -> tuple[ClusterSync, str]:
@@ -284,15 +303,102 @@ def test_a_binding_that_landed_before_its_create_timed_out_keeps_its_devices(
         assert answer == "" and sync.state.pod("1") is not None and "1" in sync.written, error
 
 
-def test_a_binding_proven_not_landed_is_rolled_back_and_a_refusal_is_not_read_back(
+def test_a_binding_that_cannot_land_is_rolled_back_and_a_refusal_is_not_read_back(
         monkeypatch: pytest.MonkeyPatch):
+    """Read back gone or bound elsewhere, the failed create can never land: the devices are
+    free at once. A clean 4xx refusal applied nothing and is not read back."""
     monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0, 0.0, 0.0), raising=False)
-    client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False)
-    sync, answer = _write_through(client)
-    assert "nothing held" in answer and sync.state.pod("1") is None and client.gets == 1
+    for client in (_LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False,
+                                   gone=True),
+                   _LandsThenFails(ApiError(504, "Timeout", "", "POST binding"), lands=False,
+                                   elsewhere="b")):
+        sync, answer = _write_through(client)
+        assert "nothing held" in answer and sync.state.pod("1") is None and client.gets == 1
     client = _LandsThenFails(ApiError(403, "Forbidden", "", "POST binding"), lands=False)
     sync, answer = _write_through(client)
     assert "nothing held" in answer and sync.state.pod("1") is None and client.gets == 0
+
+
+async def _bind_failing(client: _LandsThenFails,
+                        sync: ClusterSync) -> tuple[Extender, Allocation, str]:
+    """Pod 1 takes every GPU and VF of node a; its Binding create fails as `client` says."""
+    bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=8, vfs=8))
+    assert isinstance(bound, Allocation)
+    ext = Extender(sync.state, PodBinder(client, sync))  # type: ignore[arg-type]
+    return ext, bound, await ext._write(BoundPod("ml", "p-1", "1", "a", bound),
+                                        "pod ml/p-1 (1)")
+
+
+def _next_pod_gets_node_a(sync: ClusterSync) -> bool:
+    taken = sync.state.bind("2", "ml", "p-2", "a", Request(gpus=1, vfs=1))
+    return isinstance(taken, Allocation)
+
+
+def test_a_binding_read_back_unbound_keeps_its_devices_while_it_may_still_land(
+        monkeypatch: pytest.MonkeyPatch):
+    """The create failed (a reset) and the pod read back has no node yet, but the API server
+    applies the Binding a moment later. The devices were once freed on that read, so the
+    next pod could be given them while the pod ran with them. They now stay held until the
+    create can no longer land (LATE_LANDING_S); the late Binding's record then keeps them."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
+    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
+
+    async def main() -> None:
+        sync = synced("a")
+        client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False)
+        ext, bound, answer = await _bind_failing(client, sync)
+        assert "stay held" in answer and "may still land" in answer
+        assert sync.state.pod("1") is not None and not _next_pod_gets_node_a(sync)
+        sync.on_pod(Change("MODIFIED", "ml/p-1", client.apply_late()))  # it landed late
+        await asyncio.sleep(0.4)  # past LATE_LANDING_S: the check finds it settled
+        held = sync.state.pod("1")
+        assert held is not None and held.allocation == bound
+        assert not _next_pod_gets_node_a(sync), "the late Binding's devices given again"
+        assert client.gets == 1  # its record came back through the watch: no need to read
+        assert ext.writer is not None and ext.writer._settling == {}  # type: ignore[attr-defined]
+    asyncio.run(main())
+
+
+def test_a_binding_that_never_lands_frees_its_devices_once_it_no_longer_can(
+        monkeypatch: pytest.MonkeyPatch):
+    """The same failure, and the Binding never lands: past LATE_LANDING_S the pod is read
+    again, still unbound, and the devices are freed (the pod is not pinned to the node for
+    good); before that they stay held."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
+    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
+
+    async def main() -> None:
+        sync = synced("a")
+        client = _LandsThenFails(ApiError(503, "ServiceUnavailable", "", "POST binding"),
+                                 lands=False)
+        _, _, answer = await _bind_failing(client, sync)
+        assert "stay held" in answer
+        await asyncio.sleep(0.05)
+        assert sync.state.pod("1") is not None and client.gets == 1
+        await asyncio.sleep(0.3)
+        assert sync.state.pod("1") is None and client.gets == 2
+        assert _next_pod_gets_node_a(sync)
+    asyncio.run(main())
+
+
+def test_a_retry_that_wrote_the_binding_is_not_undone_by_the_first_ones_check(
+        monkeypatch: pytest.MonkeyPatch):
+    """kube-scheduler retries the bind to the same node before the first create's deadline
+    and that create lands: the first one's check must leave the devices held."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
+    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
+
+    async def main() -> None:
+        sync = synced("a")
+        client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False)
+        ext, bound, answer = await _bind_failing(client, sync)
+        assert "stay held" in answer
+        client.error = None  # the retry's create goes through
+        retry = await ext._write(BoundPod("ml", "p-1", "1", "a", bound), "pod ml/p-1 (1)")
+        assert retry == "" and client.creates == 2 and "1" in sync.written
+        await asyncio.sleep(0.4)
+        assert sync.state.pod("1") is not None and client.gets == 1
+    asyncio.run(main())
 
 
 def test_a_binding_whose_outcome_cannot_be_read_back_keeps_its_devices(
@@ -306,6 +412,27 @@ def test_a_binding_whose_outcome_cannot_be_read_back_keeps_its_devices(
     sync, answer = _write_through(client)
     assert "stay held" in answer and sync.state.pod("1") is not None and client.gets == 3
     assert "1" not in sync.recording
+
+
+def test_an_unreadable_pod_is_read_again_until_it_tells(monkeypatch: pytest.MonkeyPatch):
+    """Unreadable past LATE_LANDING_S too: the devices stay held and the pod is read again
+    every SETTLE_RETRY_S; once it reads unbound, they are freed."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
+    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.1, raising=False)
+    monkeypatch.setattr(cluster_api, "SETTLE_RETRY_S", 0.1, raising=False)
+
+    async def main() -> None:
+        sync = synced("a")
+        client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False,
+                                 readable=False)
+        _, _, answer = await _bind_failing(client, sync)
+        assert "could not be read back" in answer
+        await asyncio.sleep(0.35)
+        assert sync.state.pod("1") is not None and client.gets >= 3
+        client.readable = True
+        await asyncio.sleep(0.25)
+        assert sync.state.pod("1") is None
+    asyncio.run(main())
 
 
 # ---------------------------------------------------------------- one job, two binds at once

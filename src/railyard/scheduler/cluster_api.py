@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import logging
 import os
 from collections.abc import Callable
@@ -294,6 +295,16 @@ class ClusterSync:
         self._held[uid] = bound
         self._restore(bound)
 
+    def has_record(self, uid: str) -> bool:
+        """Whether the pod's record has come back through the watch (it holds what it says)."""
+        return uid in self._held
+
+    def release_unlanded(self, uid: str) -> None:
+        """Free what a bind of ours held for a pod whose Binding never landed (PodBinder:
+        the pod stayed without a node past the time its create could still be applied)."""
+        if self.state.release(uid) is not None:
+            self._changed()
+
     def _restore(self, pod: BoundPod) -> None:
         """Hold what the pod's record says (the record wins over what was held before: the
         agent rewrites it when kubelet chose differently)."""
@@ -372,6 +383,19 @@ class PodBinder:
         self.instance = os.uname().nodename
         # Bounded (MAX_PENDING_EVENTS): Events must not queue ahead of binds for the QPS.
         self.events = EventSender(client)
+        # Pods whose Binding create failed while it may still land (the pod was unbound or
+        # unreadable when read back): uid -> the loop time until which it may, and the task
+        # that frees the devices after it if the pod is still unbound (_release_when_unlanded).
+        self._may_land: dict[str, float] = {}
+        self._settling: dict[str, asyncio.Task[None]] = {}
+
+    def close(self) -> list[asyncio.Task[None]]:
+        """Cancel the pending checks of Bindings that may still land (their pods keep what
+        they hold); the tasks, to await."""
+        tasks = list(self._settling.values())
+        for task in tasks:
+            task.cancel()
+        return tasks
 
     async def bind(self, pod: BoundPod) -> None:
         if self.fence is not None and not self.fence():
@@ -402,12 +426,18 @@ class PodBinder:
             except (ApiUnavailable, ApiError) as e:
                 if isinstance(e, ApiError) and not ambiguous(e):
                     raise  # refused before anything was applied
-                landed = await self._landed(pod)
-                if landed is None:
-                    raise WriteOutcomeUnknown(f"{e}; and the pod could not be read back "
-                                              "to tell whether the Binding landed") from e
-                if not landed:
+                landing = await self._landed(pod)
+                if landing is Landing.NEVER:
                     raise
+                if landing is not Landing.LANDED:
+                    # Released now, the devices could go to the next pod while our create is
+                    # still applied: they stay held until it no longer can be.
+                    self._hold_while_it_may_land(pod)
+                    raise WriteOutcomeUnknown(
+                        f"{e}; and the pod " + ("is not bound yet, but the Binding may still "
+                                                "land" if landing is Landing.UNBOUND else
+                                                "could not be read back to tell whether the "
+                                                "Binding landed")) from e
                 log.info("pod %s/%s: the Binding landed on %s although its create failed "
                          "(%s)", pod.namespace, pod.name, pod.node, e)
             if pod.allocation is not None and self.sync.state.pod(pod.uid) is not None:
@@ -430,30 +460,86 @@ class PodBinder:
                             "lease while its bind waited to be sent")
         return left
 
-    async def _landed(self, pod: BoundPod) -> bool | None:
-        """Whether our Binding for `pod` is on it, read back from the API server: True when
-        the pod (this uid) is on our node with a record (or asked for none), False when it is
-        gone, another pod, unbound or bound elsewhere; None when it could not be read in
-        len(READ_BACK_DELAYS_S) tries."""
-        path = f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}"
+    async def _landed(self, pod: BoundPod) -> Landing:
+        """Where our Binding for `pod` stands, read back from the API server in up to
+        len(READ_BACK_DELAYS_S) tries (UNKNOWN when none could read it)."""
         for delay in READ_BACK_DELAYS_S:
             await asyncio.sleep(delay)
-            try:
-                now = await self.client.get(path, Pod)
-            except ApiError as e:
-                if e.not_found:
-                    return False
-                log.warning("pod %s/%s: reading it back after a failed Binding: %s",
-                            pod.namespace, pod.name, e)
-                continue
-            except (ApiUnavailable, msgspec.DecodeError) as e:
-                log.warning("pod %s/%s: reading it back after a failed Binding: %s",
-                            pod.namespace, pod.name, e)
-                continue
-            return (now.metadata.uid == pod.uid and now.spec.node_name == pod.node
-                    and (pod.allocation is None
-                         or ALLOCATION_ANNOTATION in now.metadata.annotations))
-        return None
+            landing = await self._read_back(pod)
+            if landing is not Landing.UNKNOWN:
+                return landing
+        return Landing.UNKNOWN
+
+    async def _read_back(self, pod: BoundPod) -> Landing:
+        """One GET of the pod: LANDED when it (this uid) is on our node with a record (or
+        asked for none), NEVER when it is gone, another pod or bound elsewhere, UNBOUND
+        while it has no node, UNKNOWN when it could not be read."""
+        try:
+            now = await self.client.get(
+                f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}", Pod)
+        except ApiError as e:
+            if e.not_found:
+                return Landing.NEVER
+            log.warning("pod %s/%s: reading it back after a failed Binding: %s",
+                        pod.namespace, pod.name, e)
+            return Landing.UNKNOWN
+        except (ApiUnavailable, msgspec.DecodeError) as e:
+            log.warning("pod %s/%s: reading it back after a failed Binding: %s",
+                        pod.namespace, pod.name, e)
+            return Landing.UNKNOWN
+        if now.metadata.uid != pod.uid or now.spec.node_name not in ("", pod.node):
+            return Landing.NEVER
+        if not now.spec.node_name:
+            return Landing.UNBOUND
+        landed = pod.allocation is None or ALLOCATION_ANNOTATION in now.metadata.annotations
+        return Landing.LANDED if landed else Landing.NEVER
+
+    def _hold_while_it_may_land(self, pod: BoundPod) -> None:
+        """Keep `pod`'s devices held until a create that failed just now can no longer be
+        applied (LATE_LANDING_S), then free them if the pod is still unbound: a pod the
+        Binding never reached is not pinned to the node for good."""
+        hold = self.sync.state.pod(pod.uid)
+        if hold is None:  # gone meanwhile: the watch freed it
+            return
+        loop = asyncio.get_running_loop()
+        self._may_land[pod.uid] = loop.time() + LATE_LANDING_S
+        if pod.uid not in self._settling:
+            self._settling[pod.uid] = asyncio.ensure_future(
+                self._release_when_unlanded(pod, hold))
+
+    async def _release_when_unlanded(self, pod: BoundPod, hold: object) -> None:
+        """Past the last moment a failed create of ours could land (a later failed write of
+        the same pod moves it on), read the pod: still unbound (or gone, or bound
+        elsewhere), its devices are freed; unreadable, it is read again SETTLE_RETRY_S
+        later. Nothing is done once the hold is settled otherwise: released, its record back
+        through the watch, or a later write of ours in flight or done."""
+        loop = asyncio.get_running_loop()
+        sync, uid = self.sync, pod.uid
+
+        def settled() -> bool:
+            return (sync.state.pod(uid) is not hold or uid in sync.recording
+                    or uid in sync.written or sync.has_record(uid))
+        try:
+            while not settled():
+                wait = self._may_land[uid] - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                    continue
+                landing = await self._read_back(pod)
+                if settled() or self._may_land[uid] > loop.time():
+                    continue  # settled, or a later write failed meanwhile: wait for it
+                if landing is Landing.UNKNOWN:
+                    self._may_land[uid] = loop.time() + SETTLE_RETRY_S
+                elif landing is Landing.LANDED:
+                    return  # its watch event brings the record
+                else:
+                    log.info("pod %s/%s: its Binding did not land; the devices it held on "
+                             "%s are free again", pod.namespace, pod.name, pod.node)
+                    sync.release_unlanded(uid)
+                    return
+        finally:
+            self._may_land.pop(uid, None)
+            del self._settling[uid]
 
     def _device_allocated(self, alloc: Allocation) -> str | None:
         """Koordinator's form of `alloc`, from the node's topology as the state holds it; None
@@ -477,6 +563,22 @@ class PodBinder:
 # Reading a pod back after a Binding create failed ambiguously (PodBinder._landed): the
 # waits before each GET, about 3.5 s in all, bounded whatever the API server does.
 READ_BACK_DELAYS_S = (0.0, 0.5, 1.0, 2.0)
+# How long after its create failed a Binding may still be applied: the API server's handler
+# runs until its request timeout (kube-apiserver --request-timeout, 60 s by default), plus a
+# margin for a storage write already under way. A pod left unbound keeps its devices until
+# then (PodBinder._release_when_unlanded); a cluster with a longer request timeout needs more.
+LATE_LANDING_S = 90.0
+# Reading such a pod again while the API server cannot be read.
+SETTLE_RETRY_S = 10.0
+
+
+class Landing(enum.Enum):
+    """Where a Binding whose create failed stands, read back from the pod."""
+
+    LANDED = "on our node, with the record"
+    NEVER = "gone, another pod, or bound elsewhere: it cannot land"
+    UNBOUND = "no node yet: it may still land"
+    UNKNOWN = "the pod could not be read"
 
 
 def ambiguous(e: ApiError) -> bool:
@@ -550,5 +652,6 @@ class ApiCluster:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        settling = self.binder.close()
+        await asyncio.gather(*self._tasks, *settling, return_exceptions=True)
 

@@ -77,11 +77,12 @@ class ClusterWriter(Protocol):
 
 
 class WriteOutcomeUnknown(Exception):
-    """A writer could not tell whether its write landed (the request failed in a way that
-    may have come after the server applied it, and reading back failed too): the devices
-    stay held, as for a pod that may be running with them. kube-scheduler's retry of the
-    bind comes to the same node (filter offers a holding pod only its node) and writes
-    again; the pod's watch events settle it meanwhile."""
+    """A writer's write may still land (the request failed in a way that may have come after
+    the server applied it, and reading back found the pod not bound yet, or could not read
+    it): the devices stay held, as for a pod that may be running with them. kube-scheduler's
+    retry of the bind comes to the same node (filter offers a holding pod only its node) and
+    writes again; the pod's watch events settle it meanwhile, and the writer frees the
+    devices once the write can no longer land if the pod is still unbound."""
 
 
 class Leadership(Protocol):
