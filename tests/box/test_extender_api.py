@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,7 +32,7 @@ from railyard.allocation.types import Infeasible
 from railyard.discovery.discover import discover
 from railyard.discovery.fixture import write_fixture
 from railyard.discovery.profiles import DGX_H100, build_topology, profile
-from railyard.kube.client import ApiError, Client
+from railyard.kube.client import ApiError, ApiUnavailable, Client
 from railyard.kube.config import load_kubeconfig
 from railyard.records.allocation import decode_allocation
 from railyard.scheduler.cluster_api import ClusterSync, PodBinder
@@ -265,3 +266,83 @@ def test_a_binding_the_api_refuses_leaves_no_record_on_the_pod(cluster):
     assert error, error
     assert ALLOCATION_ANNOTATION not in get(box, "pod", "placed", "-n", ns)["metadata"].get(
         "annotations", {})
+
+
+class _CreateAppliedLate(Client):
+    """The real API server's client, except that a Binding create fails at once as a reset
+    connection would, and is applied to the API server `late_s` later (`applies=False`: never):
+    the window in which a create still inside the server lands after the binder read the pod
+    back unbound. The late apply is the real create."""
+
+    def __init__(self, *args: Any, late_s: float, applies: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.late_s, self.applies = late_s, applies
+        self.late: asyncio.Task[Any] | None = None
+
+    async def create(self, path: str, body: Any, type_: Any, **kwargs: Any) -> Any:
+        if body.get("kind") != "Binding":
+            return await super().create(path, body, type_, **kwargs)
+        if self.applies:
+            self.late = asyncio.ensure_future(self._apply_late(path, body, type_))
+        raise ApiUnavailable(f"POST {path}: connection reset (injected by the test)")
+
+    async def _apply_late(self, path: str, body: Any, type_: Any) -> Any:
+        await asyncio.sleep(self.late_s)
+        return await Client.create(self, path, body, type_)
+
+
+@pytest.mark.parametrize("applies", [True, False], ids=["lands-late", "never-lands"])
+def test_a_binding_applied_after_its_create_failed_never_double_grants(
+        cluster, monkeypatch: pytest.MonkeyPatch, applies: bool):
+    """Decision 0101, on the real API server: the Binding create fails, the pod read back has
+    no node, then the server applies the create (`lands-late`) or never does. The devices stay
+    held meanwhile (the next pod cannot have them); once the create can no longer land they
+    stay held if it landed (the pod is on our node with our record) and are freed if not."""
+    from railyard.kube.objects import Pod
+    from railyard.kube.reflector import Change
+    from railyard.scheduler import cluster_api
+
+    box, _ = cluster
+    ns = namespace(box)
+    manifest = gpu_pod("late", 1, 1)
+    manifest["spec"]["schedulerName"] = "railyard-test-nobody"  # kube-scheduler leaves it
+    create(box, ns, manifest)
+    uid = get(box, "pod", "late", "-n", ns)["metadata"]["uid"]
+    node = "kwok-node-0"
+    topology = build_topology(profile("dgx-h100"), vfs_per_pf=VFS_PER_PF, node=node)
+    state = ClusterState([topology])
+    alloc = state.bind(uid, ns, "late", node, Request(gpus=8, vfs=16))  # the whole node
+    assert not isinstance(alloc, Infeasible)
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,))
+    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 4.0)
+
+    def next_pod_fits() -> bool:
+        return not isinstance(state.bind("next", ns, "next", node, Request(gpus=1, vfs=1)),
+                              Infeasible)
+
+    async def main() -> dict[str, Any]:
+        config = load_kubeconfig(box.layout.admin_kubeconfig)
+        async with _CreateAppliedLate(config, late_s=1.0, applies=applies) as client:
+            sync = ClusterSync(state)
+            binder = PodBinder(client, sync)
+            with pytest.raises(cluster_api.WriteOutcomeUnknown, match="may still land"):
+                await binder.bind(BoundPod(ns, "late", uid, node, alloc))
+            assert state.pod(uid) is not None and not next_pod_fits()
+            if client.late is not None:
+                await client.late  # the real API server applies the Binding now
+                now = await client.get(f"/api/v1/namespaces/{ns}/pods/late", Pod)
+                assert now.spec.node_name == node
+                sync.on_pod(Change("MODIFIED", f"{ns}/late", now))  # as the watch would
+                assert not next_pod_fits(), "the late Binding's devices were given again"
+            await asyncio.sleep(5.0)  # past LATE_LANDING_S: the binder's check has run
+            assert not binder._settling
+            return {"held": state.pod(uid) is not None, "next_fits": next_pod_fits()}
+
+    seen = asyncio.run(main())
+    p = get(box, "pod", "late", "-n", ns)
+    if applies:
+        assert p["spec"]["nodeName"] == node and allocation_of(p) == alloc
+        assert seen == {"held": True, "next_fits": False}
+    else:
+        assert not p["spec"].get("nodeName")
+        assert seen == {"held": False, "next_fits": True}
