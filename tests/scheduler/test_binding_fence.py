@@ -25,10 +25,12 @@ class Api:
     def __init__(self, delay: float = 0.0) -> None:
         self.bindings = 0
         self.delay = delay
+        self.timeouts: list[str | None] = []  # each Binding's `timeout` query parameter
 
     async def post(self, request: web.Request) -> web.Response:
         if request.path.endswith("/binding"):
             self.bindings += 1
+            self.timeouts.append(request.query.get("timeout"))
             await asyncio.sleep(self.delay)
         return web.json_response({"kind": "Status", "status": "Success"}, status=201)
 
@@ -88,7 +90,7 @@ def test_the_binder_caps_the_binding_to_what_is_left_of_the_lease():
 
     class Client_:
         async def create(self, path: str, body: object, type_: object, *,
-                         before_send: object = None) -> None:
+                         before_send: object = None, **_: object) -> None:
             assert callable(before_send)
             caps.append(before_send())
 
@@ -99,3 +101,26 @@ def test_the_binder_caps_the_binding_to_what_is_left_of_the_lease():
     binder.lease_left = lambda: 0.0
     with pytest.raises(NotLeader):
         asyncio.run(binder.bind(BoundPod("ml", "p-2", "2", "a", None)))
+
+
+def test_the_api_server_is_told_the_bindings_timeout_capped_to_the_lease():
+    """Decision 0101: the create's timeout goes to the API server too (its `timeout`
+    parameter), so a Binding whose create failed here cannot be applied after it: the
+    binder's own (BINDING_TIMEOUT_S) or, under a lease, what is left of the lease."""
+    from railyard.scheduler.cluster_api import BINDING_TIMEOUT_S
+
+    async def main() -> list[str | None]:
+        api = Api()
+        runner, url = await serve(api)
+        try:
+            async with Client(KubeConfig(server=url)) as client:
+                sync = ClusterSync(ClusterState(()))
+                await PodBinder(client, sync).bind(BoundPod("ml", "p-1", "1", "a", None))
+                await PodBinder(client, sync, lease_left=lambda: 2.5).bind(
+                    BoundPod("ml", "p-2", "2", "a", None))
+                await client.create("/api/v1/namespaces/ml/pods/p-3/binding", {}, dict)
+        finally:
+            await runner.cleanup()
+        return api.timeouts
+
+    assert asyncio.run(main()) == [f"{round(1000 * BINDING_TIMEOUT_S)}ms", "2500ms", None]

@@ -255,7 +255,7 @@ def test_events_beyond_the_pending_limit_are_dropped_not_queued_ahead_of_binds()
             self.release = asyncio.Event()
             self.sent = 0
 
-        async def create(self, path: str, body: object, type_: object) -> None:
+        async def create(self, path: str, body: object, type_: object, **_: object) -> None:
             await self.release.wait()
             self.sent += 1
 

@@ -111,7 +111,7 @@ def test_the_binder_sends_the_fallback_event_only_for_a_pod_that_fell_back():
         def __init__(self) -> None:
             self.events: list[dict] = []
 
-        async def create(self, path: str, body: Any, type_: object) -> None:
+        async def create(self, path: str, body: Any, type_: object, **_: Any) -> None:
             if body.get("kind") == "Event":
                 self.events.append(body)
 

@@ -173,7 +173,7 @@ class _EventsDuringCreate:
     def __init__(self, events: list[Callable[[], None]]) -> None:
         self.events = events
 
-    async def create(self, path: str, body: Any, type_: object) -> None:
+    async def create(self, path: str, body: Any, type_: object, **_: Any) -> None:
         if body.get("kind") == "Binding":
             for event in self.events:
                 event()

@@ -44,7 +44,7 @@ class Recorder:
     def __init__(self) -> None:
         self.bindings: list[tuple[str, Any]] = []
 
-    async def create(self, path: str, body: Any, type_: object) -> None:
+    async def create(self, path: str, body: Any, type_: object, **_: Any) -> None:
         if body.get("kind") == "Binding":
             self.bindings.append((path, body))
 

@@ -124,7 +124,7 @@ def test_the_binder_signs_each_record_for_its_pod_and_its_sync_believes_it():
         def __init__(self) -> None:
             self.bodies: list[Any] = []
 
-        async def create(self, path: str, body: Any, type_: object) -> None:
+        async def create(self, path: str, body: Any, type_: object, **_: Any) -> None:
             self.bodies.append(body)
 
     async def bind() -> dict[str, Any]:

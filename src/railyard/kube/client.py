@@ -10,6 +10,7 @@ carrying the server's Status; a connection that fails is `ApiUnavailable`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -151,16 +152,23 @@ class Client:
     async def request(self, method: str, path: str, *, params: Mapping[str, str] | None = None,
                       body: Any = None, content_type: str = "application/json",
                       timeout_s: float | None = None,
-                      before_send: Callable[[], float | None] | None = None) -> bytes:
+                      before_send: Callable[[], float | None] | None = None,
+                      server_deadline: bool = False) -> bytes:
         """One request; the answer's body, or ApiError / ApiUnavailable (ApiUnreachable when
         no connection could be made). `before_send` is called once the rate limit lets the
         request go, right before it is sent: it may raise (nothing is sent), and the seconds
-        it returns cap the request's timeout (None: no cap)."""
+        it returns cap the request's timeout (None: no cap). `server_deadline` sends that
+        timeout too, rounded up to the millisecond (the `timeout` query parameter): the API
+        server then abandons the request when we do, so a write that failed here cannot
+        start in storage later than that."""
         await self.limit.wait()
         if before_send is not None:
             cap = before_send()
             if cap is not None:
                 timeout_s = max(min(timeout_s or self.timeout.total or cap, cap), 1e-3)
+        if server_deadline and (timeout_s or self.timeout.total):
+            ms = math.ceil(1000 * (timeout_s or self.timeout.total or 0))
+            params = {**(params or {}), "timeout": f"{ms}ms"}
         data = None if body is None else (
             body if isinstance(body, bytes) else msgspec.json.encode(body))
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None
@@ -208,9 +216,12 @@ class Client:
             query["continue"] = page.metadata.continue_
 
     async def create(self, path: str, body: Any, type_: type[T], *,
-                     before_send: Callable[[], float | None] | None = None) -> T:
+                     before_send: Callable[[], float | None] | None = None,
+                     timeout_s: float | None = None, server_deadline: bool = False) -> T:
         return msgspec.json.decode(
-            await self.request("POST", path, body=body, before_send=before_send), type=type_)
+            await self.request("POST", path, body=body, before_send=before_send,
+                               timeout_s=timeout_s, server_deadline=server_deadline),
+            type=type_)
 
     async def put(self, path: str, body: Any, type_: type[T]) -> T:
         return msgspec.json.decode(await self.request("PUT", path, body=body), type=type_)

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from railyard.allocation.jobs import job_of
 from railyard.allocation.names import ALLOCATION_ANNOTATION, KOORDINATOR_DEVICE_ALLOCATED
 from railyard.allocation.types import Allocation
-from railyard.kube.client import ApiError, ApiUnavailable, Client
+from railyard.kube.client import REQUEST_TIMEOUT_S, ApiError, ApiUnavailable, Client
 from railyard.kube.events import EventSender, event_body, event_time
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
@@ -418,11 +418,14 @@ class PodBinder:
             if self.fence is not None or self.lease_left is not None:
                 fenced["before_send"] = lambda: self._still_leading(pod)
             try:
+                # The server is told the create's timeout too (decision 0101): past it, it
+                # will not apply the Binding, so one that failed here stops being able to
+                # land LATE_LANDING_S after, and a lease-capped one by the lease's end.
                 await self.client.create(
                     f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
                     {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                      "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
-                    Status, **fenced)
+                    Status, timeout_s=BINDING_TIMEOUT_S, server_deadline=True, **fenced)
             except (ApiUnavailable, ApiError) as e:
                 if isinstance(e, ApiError) and not ambiguous(e):
                     raise  # refused before anything was applied
@@ -563,11 +566,14 @@ class PodBinder:
 # Reading a pod back after a Binding create failed ambiguously (PodBinder._landed): the
 # waits before each GET, about 3.5 s in all, bounded whatever the API server does.
 READ_BACK_DELAYS_S = (0.0, 0.5, 1.0, 2.0)
-# How long after its create failed a Binding may still be applied: the API server's handler
-# runs until its request timeout (kube-apiserver --request-timeout, 60 s by default), plus a
-# margin for a storage write already under way. A pod left unbound keeps its devices until
-# then (PodBinder._release_when_unlanded); a cluster with a longer request timeout needs more.
-LATE_LANDING_S = 90.0
+# A Binding create's timeout, here and at the API server (its `timeout` parameter: the
+# server's handler runs no longer, kube-apiserver's --request-timeout capping it).
+BINDING_TIMEOUT_S = REQUEST_TIMEOUT_S
+# How long after its create failed a Binding may still be applied: the server received it
+# before we saw it fail, and starts no storage write past BINDING_TIMEOUT_S from then; the
+# margin covers a write already under way. A pod left unbound keeps its devices until then
+# (PodBinder._release_when_unlanded).
+LATE_LANDING_S = BINDING_TIMEOUT_S + 15.0
 # Reading such a pod again while the API server cannot be read.
 SETTLE_RETRY_S = 10.0
 
