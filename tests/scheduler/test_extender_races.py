@@ -319,14 +319,23 @@ def test_a_binding_that_cannot_land_is_rolled_back_and_a_refusal_is_not_read_bac
     assert "nothing held" in answer and sync.state.pod("1") is None and client.gets == 0
 
 
-async def _bind_failing(client: _LandsThenFails,
-                        sync: ClusterSync) -> tuple[Extender, Allocation, str]:
+@pytest.fixture
+def fast_landing(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """One read-back, and a failed create that can no longer land 0.2 s after it failed."""
+    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
+    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
+    return monkeypatch
+
+
+async def _bind_failing(client: _LandsThenFails
+                        ) -> tuple[ClusterSync, Extender, Allocation, str]:
     """Pod 1 takes every GPU and VF of node a; its Binding create fails as `client` says."""
+    sync = synced("a")
     bound = sync.state.bind("1", "ml", "p-1", "a", Request(gpus=8, vfs=8))
     assert isinstance(bound, Allocation)
     ext = Extender(sync.state, PodBinder(client, sync))  # type: ignore[arg-type]
-    return ext, bound, await ext._write(BoundPod("ml", "p-1", "1", "a", bound),
-                                        "pod ml/p-1 (1)")
+    return sync, ext, bound, await ext._write(BoundPod("ml", "p-1", "1", "a", bound),
+                                              "pod ml/p-1 (1)")
 
 
 def _next_pod_gets_node_a(sync: ClusterSync) -> bool:
@@ -334,19 +343,15 @@ def _next_pod_gets_node_a(sync: ClusterSync) -> bool:
     return isinstance(taken, Allocation)
 
 
-def test_a_binding_read_back_unbound_keeps_its_devices_while_it_may_still_land(
-        monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.usefixtures("fast_landing")
+def test_a_binding_read_back_unbound_keeps_its_devices_while_it_may_still_land():
     """The create failed (a reset) and the pod read back has no node yet, but the API server
     applies the Binding a moment later. The devices were once freed on that read, so the
     next pod could be given them while the pod ran with them. They now stay held until the
     create can no longer land (LATE_LANDING_S); the late Binding's record then keeps them."""
-    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
-    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
-
     async def main() -> None:
-        sync = synced("a")
         client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False)
-        ext, bound, answer = await _bind_failing(client, sync)
+        sync, ext, bound, answer = await _bind_failing(client)
         assert "stay held" in answer and "may still land" in answer
         assert sync.state.pod("1") is not None and not _next_pod_gets_node_a(sync)
         sync.on_pod(Change("MODIFIED", "ml/p-1", client.apply_late()))  # it landed late
@@ -359,19 +364,15 @@ def test_a_binding_read_back_unbound_keeps_its_devices_while_it_may_still_land(
     asyncio.run(main())
 
 
-def test_a_binding_that_never_lands_frees_its_devices_once_it_no_longer_can(
-        monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.usefixtures("fast_landing")
+def test_a_binding_that_never_lands_frees_its_devices_once_it_no_longer_can():
     """The same failure, and the Binding never lands: past LATE_LANDING_S the pod is read
     again, still unbound, and the devices are freed (the pod is not pinned to the node for
     good); before that they stay held."""
-    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
-    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
-
     async def main() -> None:
-        sync = synced("a")
         client = _LandsThenFails(ApiError(503, "ServiceUnavailable", "", "POST binding"),
                                  lands=False)
-        _, _, answer = await _bind_failing(client, sync)
+        sync, _, _, answer = await _bind_failing(client)
         assert "stay held" in answer
         await asyncio.sleep(0.05)
         assert sync.state.pod("1") is not None and client.gets == 1
@@ -381,17 +382,13 @@ def test_a_binding_that_never_lands_frees_its_devices_once_it_no_longer_can(
     asyncio.run(main())
 
 
-def test_a_retry_that_wrote_the_binding_is_not_undone_by_the_first_ones_check(
-        monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.usefixtures("fast_landing")
+def test_a_retry_that_wrote_the_binding_is_not_undone_by_the_first_ones_check():
     """kube-scheduler retries the bind to the same node before the first create's deadline
     and that create lands: the first one's check must leave the devices held."""
-    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
-    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.2, raising=False)
-
     async def main() -> None:
-        sync = synced("a")
         client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False)
-        ext, bound, answer = await _bind_failing(client, sync)
+        sync, ext, bound, answer = await _bind_failing(client)
         assert "stay held" in answer
         client.error = None  # the retry's create goes through
         retry = await ext._write(BoundPod("ml", "p-1", "1", "a", bound), "pod ml/p-1 (1)")
@@ -414,18 +411,16 @@ def test_a_binding_whose_outcome_cannot_be_read_back_keeps_its_devices(
     assert "1" not in sync.recording
 
 
-def test_an_unreadable_pod_is_read_again_until_it_tells(monkeypatch: pytest.MonkeyPatch):
+def test_an_unreadable_pod_is_read_again_until_it_tells(fast_landing: pytest.MonkeyPatch):
     """Unreadable past LATE_LANDING_S too: the devices stay held and the pod is read again
     every SETTLE_RETRY_S; once it reads unbound, they are freed."""
-    monkeypatch.setattr(cluster_api, "READ_BACK_DELAYS_S", (0.0,), raising=False)
-    monkeypatch.setattr(cluster_api, "LATE_LANDING_S", 0.1, raising=False)
-    monkeypatch.setattr(cluster_api, "SETTLE_RETRY_S", 0.1, raising=False)
+    fast_landing.setattr(cluster_api, "LATE_LANDING_S", 0.1, raising=False)
+    fast_landing.setattr(cluster_api, "SETTLE_RETRY_S", 0.1, raising=False)
 
     async def main() -> None:
-        sync = synced("a")
         client = _LandsThenFails(ApiUnavailable("POST binding: reset"), lands=False,
                                  readable=False)
-        _, _, answer = await _bind_failing(client, sync)
+        sync, _, _, answer = await _bind_failing(client)
         assert "could not be read back" in answer
         await asyncio.sleep(0.35)
         assert sync.state.pod("1") is not None and client.gets >= 3
