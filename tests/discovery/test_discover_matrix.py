@@ -162,11 +162,22 @@ def test_a_discovered_tree_gives_the_profiles_matrix(tree_dir: Path, spec: Profi
                                          device_paths(spec))
 
 
-def test_a_gpu_without_a_numa_node_says_n_a() -> None:
+def test_a_gpu_without_a_numa_node_says_n_a_unless_its_cpus_place_it() -> None:
+    """numa_node -1 (no node from the firmware): N/A, unless discovery placed the GPU by its
+    local CPUs, inside one node; then that node and its CPUs, as nvidia-smi prints them (seen
+    on a real H200 VM: tests/discovery/real)."""
     t = build_topology(GENERIC, 0)
     t = replace(t, gpus=(replace(t.gpus[0], numa_node=None), t.gpus[1]))
-    m = parse(format_matrix(t, device_paths(GENERIC)))
-    assert m.rows["GPU0"] == [" X ", "NODE", "PIX", "NODE", "N/A", "N/A"]
+    paths = device_paths(GENERIC)
+    gpu0 = t.gpus[0].pci_address
+    unplaced = {**paths, gpu0: (paths[gpu0][0], None)}
+    m = parse(format_matrix(t, unplaced))
+    assert m.rows["GPU0"][-2:] == ["N/A", "N/A"]
+    node = paths[gpu0][1]
+    assert node is not None
+    cpus = next(n.cpus for n in t.numa_nodes if n.id == node)
+    m = parse(format_matrix(t, paths))
+    assert m.rows["GPU0"] == [" X ", "NODE", "PIX", "NODE", cpus, str(node)]
 
 
 def test_a_node_without_gpus_or_nics_prints_no_matrix() -> None:

@@ -69,7 +69,11 @@ def format_matrix(t: NodeTopology, paths: Mapping[str, Placement]) -> str:
         for i, (name, row) in enumerate(zip(names, relation_grid(t, paths), strict=True)):
             cells = [name, *row]
             if i < len(t.gpus):  # NIC rows end at the matrix, as in nvidia-smi
-                numa = t.gpus[i].numa_node
+                gpu = t.gpus[i]
+                # Where the firmware names no node (numa_node -1, common in VMs), nvidia-smi
+                # gives the node the GPU's local CPUs lie in: so does the placement.
+                numa = gpu.numa_node if gpu.numa_node is not None else (
+                    paths[gpu.pci_address][1] if gpu.pci_address in paths else None)
                 cpus = cpus_of.get(numa, "") if numa is not None else ""
                 cells += [cpus or "N/A", "N/A" if numa is None else str(numa)]
             lines.append("\t".join(cells))
