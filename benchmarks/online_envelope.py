@@ -26,7 +26,6 @@ import random
 import statistics
 import time
 from collections.abc import Sequence
-from unittest import mock
 
 from railyard.allocation.request import Request
 from railyard.allocation.types import Allocation, Infeasible
@@ -66,12 +65,10 @@ class ShareReserve(RailyardPolicy):
         return super()._place_share(uid, request, nodes, milli)
 
 
-def ratio(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival], seed: int,
+def ratio(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
           policy: Policy) -> float:
     """The policy's `gpuAllocationRatio` in percent, as `railyard simulate` reports it."""
-    with mock.patch.object(run, "make_policy", lambda *_args, **_kw: policy):
-        result = run.simulate(topologies, arrivals, [policy.name], seed, bounds=False)
-    return 100 * result.results[policy.name].metrics.headline_allocation_ratio
+    return 100 * run.run_policy(policy, topologies, arrivals).metrics.headline_allocation_ratio
 
 
 def main() -> None:
@@ -104,13 +101,13 @@ def main() -> None:
                 if stream:  # each of POLICIES draws its ties from `rng` (not in Policy)
                     policy.rng = random.Random(  # type: ignore[attr-defined]
                         f"online-envelope/{stream}/{seed}/{name}")
-                got.append(ratio(topologies, arrivals, seed, policy))
+                got.append(ratio(topologies, arrivals, policy))
             print(f"  {name:<26} shipped {got[0]:.2f}  worst {min(got):.2f}  "
                   f"median {statistics.median(got):.2f}  best {max(got):.2f}  "
                   f"(gap {100 * bound - max(got):.2f})")
         for keep in args.share_reserve:
             policy = ShareReserve(topologies, seed, keep, shapes)
-            got_k = ratio(topologies, arrivals, seed, policy)
+            got_k = ratio(topologies, arrivals, policy)
             print(f"  {policy.name:<26} {got_k:.2f}  (gap {100 * bound - got_k:.2f})")
     print(f"{time.perf_counter() - started:.0f} s")
 

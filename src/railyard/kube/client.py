@@ -166,9 +166,9 @@ class Client:
             cap = before_send()
             if cap is not None:
                 timeout_s = max(min(timeout_s or self.timeout.total or cap, cap), 1e-3)
-        if server_deadline and (timeout_s or self.timeout.total):
-            ms = math.ceil(1000 * (timeout_s or self.timeout.total or 0))
-            params = {**(params or {}), "timeout": f"{ms}ms"}
+        deadline_s = timeout_s or self.timeout.total
+        if server_deadline and deadline_s:
+            params = {**(params or {}), "timeout": f"{math.ceil(1000 * deadline_s)}ms"}
         data = None if body is None else (
             body if isinstance(body, bytes) else msgspec.json.encode(body))
         timeout = aiohttp.ClientTimeout(total=timeout_s) if timeout_s else None

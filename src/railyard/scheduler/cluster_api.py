@@ -279,13 +279,7 @@ class ClusterSync:
                 # before the binder marked it `recording`). The binder frees it if the
                 # Binding fails; a pod that goes away says so with DELETED.
                 return
-            self.written.discard(uid)
-            self._held.pop(uid, None)
-            settling = self._unsettled.pop(uid, None) is not None
-            if self.state.release(uid) is not None or settling:
-                if self._unsettled:
-                    self._settle([])  # what it freed may be what another record names
-                self._changed()
+            self._free(uid)
             return
         self.written.discard(uid)
         bound = BoundPod(pod.metadata.namespace, pod.metadata.name, uid, alloc.node, alloc,
@@ -302,7 +296,17 @@ class ClusterSync:
     def release_unlanded(self, uid: str) -> None:
         """Free what a bind of ours held for a pod whose Binding never landed (PodBinder:
         the pod stayed without a node past the time its create could still be applied)."""
-        if self.state.release(uid) is not None:
+        self._free(uid)
+
+    def _free(self, uid: str) -> None:
+        """The pod holds nothing any more: its devices are free, and records waiting on
+        them are tried again."""
+        self.written.discard(uid)
+        self._held.pop(uid, None)
+        settling = self._unsettled.pop(uid, None) is not None
+        if self.state.release(uid) is not None or settling:
+            if self._unsettled:
+                self._settle([])  # what it freed may be what another record names
             self._changed()
 
     def _restore(self, pod: BoundPod) -> None:

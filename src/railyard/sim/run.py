@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from railyard.allocation.types import Allocation, Infeasible
 from railyard.sim.arrivals import Arrival, timeline
@@ -172,73 +173,22 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
              progress: Callable[[str], None] | None = None,
              observer: Observer | None = None, bounds: bool = True,
              reserve: int = DEFAULT_RESERVE) -> SimResult:
-    """Place `arrivals` with each policy in turn, releasing each pod at its `depart_s`;
-    `progress(policy)` is called per arrival.
+    """Place `arrivals` with each policy in turn (`_replay`); `progress(policy)` is called
+    per arrival.
 
-    Each pod is offered only the nodes with room for its CPUs and memory (`NodeResources`,
-    kube-scheduler's NodeResourcesFit), as the extender is; what it is placed on holds them
-    until it leaves. With `bounds`, the offline bounds (`railyard.sim.bounds`) are computed
-    too, and a policy above one raises BoundViolation: the bound is proved, so that is a bug
-    (which is how every run in the tests checks it)."""
-    by_name = {t.node: t for t in topologies}
+    With `bounds`, the offline bounds (`railyard.sim.bounds`) are computed too, and a policy
+    above one raises BoundViolation: the bound is proved, so that is a bug (which is how
+    every run in the tests checks it)."""
     cluster_gpus = sum(len(t.gpus) for t in topologies)
     if cluster_gpus == 0:
         raise ValueError("the cluster has no GPUs")
     sample = sample_nodes(topologies)
-    results: dict[str, PolicyResult] = {}
     events = timeline(arrivals)
+    results: dict[str, PolicyResult] = {}
     for name in policies:
         policy = make_policy(name, topologies, seed, reserve, workload=arrivals)
-        m = PolicyMetrics(name, cluster_gpus)
-        resources = NodeResources(topologies)
-        clock = time.perf_counter
-        heat: list[list[tuple[int, int]]] = []
-        gang_results: dict[str, Allocation | Infeasible] = {}
-        for at, (departs, arrival) in enumerate(events):
-            if departs:
-                policy.release(arrival.uid)
-                resources.release(arrival.uid)
-                m.depart(arrival)
-                if observer is not None:
-                    observer(policy, resources)
-                continue
-            t0 = clock()
-            result: Allocation | Infeasible
-            if arrival.job is not None:
-                if arrival.uid not in gang_results:  # the gang's first pod: place them all
-                    gang_results.update(_place_gang(policy, resources, events, at))
-                result = gang_results.pop(arrival.uid)
-            else:
-                fitting = resources.candidates(arrival.pod)
-                if fitting:
-                    result = policy.place(arrival.uid, arrival.request, fitting,
-                                          gpu_milli=share_of(arrival.pod),
-                                          cpu_milli=arrival.pod.cpu_milli)
-                else:
-                    result = Infeasible(_NO_ROOM + f"{arrival.pod.cpu_milli}m CPU and "
-                                        f"{arrival.pod.memory_mib} MiB of memory free (or its "
-                                        "role's nodes, or its application's per-node limit)")
-                    m.node_filter_failures += 1
-                if isinstance(result, Allocation):
-                    resources.hold(arrival.uid, result.node, arrival.pod)
-            dt = clock() - t0
-            topo = by_name.get(getattr(result, "node", ""))
-            m.record(arrival, result, topo, dt)
-            for key, load in SNAPSHOT_LOADS.items():
-                if key not in m.snapshots and m.live_load >= load:
-                    ledgers = policy.ledgers()
-                    m.snapshot(key, topologies, ledgers)
-                    if key == HEATMAP_SNAPSHOT:
-                        heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
-            if observer is not None:
-                observer(policy, resources)
-            if progress is not None:
-                progress(name)
-        ledgers = policy.ledgers()
-        if HEATMAP_SNAPSHOT not in m.snapshots:  # a run with load < 100%: its end stands in
-            heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
-        m.finish(topologies, ledgers)
-        results[name] = PolicyResult(m, heat)
+        tick = None if progress is None else partial(progress, name)
+        results[name] = _replay(policy, topologies, events, sample, tick, observer)
     out = SimResult(cluster_gpus, sample, results)
     if bounds:
         out.bounds = offline_bounds(topologies, arrivals)
@@ -246,3 +196,73 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
         if violations:
             raise BoundViolation("policy above the offline bound: " + "; ".join(violations))
     return out
+
+
+def run_policy(policy: Policy, topologies: Sequence[NodeTopology],
+               arrivals: Sequence[Arrival]) -> PolicyResult:
+    """One policy, made by the caller (a benchmark's variant, say), through `arrivals` as
+    `simulate` runs each of its own."""
+    return _replay(policy, topologies, timeline(arrivals), sample_nodes(topologies), None,
+                   None)
+
+
+def _replay(policy: Policy, topologies: Sequence[NodeTopology],
+            events: Sequence[tuple[bool, Arrival]], sample: Sequence[str],
+            progress: Callable[[], None] | None, observer: Observer | None) -> PolicyResult:
+    """Place each arrival with `policy` and release each pod at its `depart_s`.
+
+    Each pod is offered only the nodes with room for its CPUs and memory (`NodeResources`,
+    kube-scheduler's NodeResourcesFit), as the extender is; what it is placed on holds them
+    until it leaves."""
+    by_name = {t.node: t for t in topologies}
+    cluster_gpus = sum(len(t.gpus) for t in topologies)
+    m = PolicyMetrics(policy.name, cluster_gpus)
+    resources = NodeResources(topologies)
+    clock = time.perf_counter
+    heat: list[list[tuple[int, int]]] = []
+    gang_results: dict[str, Allocation | Infeasible] = {}
+    for at, (departs, arrival) in enumerate(events):
+        if departs:
+            policy.release(arrival.uid)
+            resources.release(arrival.uid)
+            m.depart(arrival)
+            if observer is not None:
+                observer(policy, resources)
+            continue
+        t0 = clock()
+        result: Allocation | Infeasible
+        if arrival.job is not None:
+            if arrival.uid not in gang_results:  # the gang's first pod: place them all
+                gang_results.update(_place_gang(policy, resources, events, at))
+            result = gang_results.pop(arrival.uid)
+        else:
+            fitting = resources.candidates(arrival.pod)
+            if fitting:
+                result = policy.place(arrival.uid, arrival.request, fitting,
+                                      gpu_milli=share_of(arrival.pod),
+                                      cpu_milli=arrival.pod.cpu_milli)
+            else:
+                result = Infeasible(_NO_ROOM + f"{arrival.pod.cpu_milli}m CPU and "
+                                    f"{arrival.pod.memory_mib} MiB of memory free (or its "
+                                    "role's nodes, or its application's per-node limit)")
+                m.node_filter_failures += 1
+            if isinstance(result, Allocation):
+                resources.hold(arrival.uid, result.node, arrival.pod)
+        dt = clock() - t0
+        topo = by_name.get(getattr(result, "node", ""))
+        m.record(arrival, result, topo, dt)
+        for key, load in SNAPSHOT_LOADS.items():
+            if key not in m.snapshots and m.live_load >= load:
+                ledgers = policy.ledgers()
+                m.snapshot(key, topologies, ledgers)
+                if key == HEATMAP_SNAPSHOT:
+                    heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
+        if observer is not None:
+            observer(policy, resources)
+        if progress is not None:
+            progress()
+    ledgers = policy.ledgers()
+    if HEATMAP_SNAPSHOT not in m.snapshots:  # a run with load < 100%: its end stands in
+        heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
+    m.finish(topologies, ledgers)
+    return PolicyResult(m, heat)
