@@ -58,5 +58,7 @@ def test_not_a_sysfs_root_is_a_clear_error(tmp_path):
                         "--sysfs-root", str(tmp_path), "--state-dir", str(tmp_path / "s"),
                         "--kubelet-dir", str(tmp_path / "k")],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1
-    assert "not a sysfs root" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"railyard: error: --sysfs-root {tmp_path}: not a sysfs tree: expected a folder holding "
+        "sys/devices (such as / or a fixture's root) or the sys folder itself (holding devices/)"]

@@ -31,6 +31,7 @@ def test_a_sysfs_root_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path)
 
 def test_a_socket_whose_folder_has_no_parent_is_refused_and_nothing_is_made(tmp_path: Path):
     sock = tmp_path / "typo" / "deeper" / "cni.sock"
+    (tmp_path / "sys" / "devices").mkdir(parents=True)
     r = serve("--state-dir", str(tmp_path / "state"), "--sysfs-root", str(tmp_path),
               "--socket", str(sock))
     assert r.exit_code == 2 and "--socket" in r.output

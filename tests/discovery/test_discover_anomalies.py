@@ -341,11 +341,11 @@ def test_root_that_is_not_sysfs_is_a_sysfs_error_naming_it(tree_dir: Path) -> No
     with pytest.raises(SysfsError) as err:
         discover(tree_dir)
     assert err.value.path == str(tree_dir)
-    assert "not a sysfs root" in str(err.value)
+    assert "not a sysfs tree" in str(err.value)
 
 
 def test_missing_root_is_a_sysfs_error(tree_dir: Path) -> None:
-    with pytest.raises(SysfsError, match="not a directory"):
+    with pytest.raises(SysfsError, match="no such folder"):
         discover(tree_dir / "nowhere")
 
 

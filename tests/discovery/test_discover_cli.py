@@ -47,7 +47,7 @@ def test_warnings_go_to_stderr_and_the_document_still_prints(tree_dir: Path) -> 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["discover", "--sysfs-root", "/etc"], "not a sysfs root"),
+    (["discover", "--sysfs-root", "/etc"], "not a sysfs tree"),
     (["discover", "--profile", "nope"], "unknown profile 'nope'"),
     (["discover", "--profile", "generic", "--sysfs-root", "/"], "exclude each other"),
     (["discover", "--vfs-per-pf", "3"], "--profile only"),

@@ -30,7 +30,8 @@ def agent(
     kube_qps: KubeQps = 50.0,
     kube_burst: KubeBurst = 100,
     sysfs_root: Annotated[Path, typer.Option(
-        "--sysfs-root", metavar="DIR", help="Folder holding sys/ and proc/.")] = Path("/"),
+        "--sysfs-root", metavar="DIR",
+        help="Folder holding sys/ and proc/, or that sys/ itself.")] = Path("/"),
     kubelet_dir: Annotated[Path, typer.Option(
         "--kubelet-dir", metavar="DIR",
         help="Kubelet's root: device-plugins/, plugins_registry/, pod-resources/.")
@@ -72,6 +73,7 @@ def agent(
     from railyard.agent.agent import Agent, AgentOptions, run_until_stopped
     from railyard.agent.config import ConfigError, load_config
     from railyard.cli.scheduler import parse_listen
+    from railyard.cli.source import sysfs_tree
     from railyard.discovery.sysfs import SysfsError
     from railyard.kube.client import Client
     from railyard.kube.config import KubeConfigError, load
@@ -89,6 +91,7 @@ def agent(
     if pods_file is not None and kubeconfig is not None:
         fail("--pods-file and --kubeconfig: give one (the pods come from one source)")
     check_kube_limits(kube_qps, kube_burst)
+    sysfs_root = sysfs_tree(sysfs_root)
     if pods_file is not None and (signing_key_file or extender_public_key_file):
         fail("--signing-key-file and --extender-public-key-file need cluster mode (with "
              "--pods-file every record is trusted)")

@@ -33,7 +33,8 @@ def allocate(
         help="What the pod asks for: gpus=2,vfs=2[,pfs=0,cpus=8,memory=64Gi].")],
     sysfs_root: Annotated[Path | None, typer.Option(
         "--sysfs-root", metavar="DIR",
-        help="Folder holding sys/ and proc/ (a fixture tree or /).")] = None,
+        help="Folder holding sys/ and proc/ (a fixture tree or /), or that sys/ itself.")
+    ] = None,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="NAME",
         help="A built-in hardware profile (dgx-h100, dgx-a100, hgx-h100-4nic, mi300x, "

@@ -23,7 +23,8 @@ def serve(
     socket_path: Annotated[str, typer.Option(
         "--socket", metavar="PATH", help="Unix socket the shim calls.")] = CNI_SOCKET,
     sysfs_root: Annotated[str, typer.Option(
-        "--sysfs-root", metavar="DIR", help="Where sys/ is (a fixture tree in tests).")] = "/",
+        "--sysfs-root", metavar="DIR",
+        help="Folder holding sys/, or that sys/ itself (a fixture tree in tests).")] = "/",
     host_netns: Annotated[str | None, typer.Option(
         "--host-netns", metavar="PATH",
         help="Namespace devices come from and return to; default: this process's.")] = None,
@@ -43,8 +44,9 @@ def serve(
     import logging
     import os
 
-    if not os.path.isdir(sysfs_root):
-        fail(f"--sysfs-root {sysfs_root}: no such folder")
+    from railyard.cli.source import sysfs_tree
+
+    sysfs_root = str(sysfs_tree(Path(sysfs_root)))
     socket_folder = os.path.dirname(os.path.abspath(socket_path))
     if not os.path.isdir(os.path.dirname(socket_folder)):
         fail(f"--socket {socket_path}: the folder above {socket_folder} does not exist "

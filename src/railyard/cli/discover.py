@@ -26,7 +26,8 @@ class Format(StrEnum):
 def discover(
     sysfs_root: Annotated[Path | None, typer.Option(
         "--sysfs-root", metavar="DIR",
-        help="Folder holding sys/ and proc/ (a fixture tree); default: this machine, /.")] = None,
+        help="Folder holding sys/ and proc/ (a fixture tree), or that sys/ itself; "
+             "default: this machine, /.")] = None,
     profile: Annotated[str | None, typer.Option(
         "--profile", metavar="NAME",
         help="Show a built-in hardware profile instead of discovering (dgx-h100, dgx-a100, "

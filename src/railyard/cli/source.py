@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     Paths = dict[str, tuple[PciePath, int | None]]
 
 
+def sysfs_tree(value: Path, option: str = "--sysfs-root") -> Path:
+    """The folder holding sys/ for a tree given as that folder or as its `sys` (discovery's
+    one rule, `tree_root`); exits 2 with one line naming what was expected otherwise."""
+    from railyard.discovery.sysfs import SysfsError, tree_root
+
+    try:
+        return Path(tree_root(value))
+    except SysfsError as exc:
+        fail(f"{option} {exc}")
+
+
 def node_topology(sysfs_root: Path | None, profile: str | None, vfs_per_pf: int | None, *,
                   node: str | None = None, default_root: Path | None = None) -> NodeTopology:
     """The topology the options name; exits 2 with one line on bad options or a bad tree.
@@ -63,6 +74,7 @@ def node_topology_and_paths(
     from railyard.discovery.sysfs import SysfsError
 
     assert sysfs_root is not None
+    sysfs_root = sysfs_tree(sysfs_root)
     try:
         found = discover(sysfs_root)
     except SysfsError as exc:

@@ -20,7 +20,6 @@ from pathlib import Path
 from railyard.discovery.sysfs import (
     BDF_RE,
     Sysfs,
-    SysfsError,
     SysfsWarning,
     bdf_key,
     describe_error,
@@ -32,6 +31,7 @@ from railyard.discovery.sysfs import (
     parse_vpd_keyword,
     read_attribute,
     routing_id,
+    tree_root,
 )
 from railyard.topology.cpus import format_cpulist, parse_cpulist
 from railyard.topology.model import (
@@ -96,18 +96,10 @@ class _Function:
 
 
 def discover(root: str | os.PathLike[str] = Path("/")) -> Discovery:
-    """Discover the node under `root`. Raises SysfsError only when `root` is not sysfs."""
-    fs = Sysfs(root)
-    _check_root(fs)
-    reader = _Reader(fs)
+    """Discover the node under `root` (the tree's root or its `sys`; `tree_root`). Raises
+    SysfsError only when `root` is not a sysfs tree."""
+    reader = _Reader(Sysfs(tree_root(root)))
     return reader.run()
-
-
-def _check_root(fs: Sysfs) -> None:
-    if not os.path.isdir(fs.root):
-        raise SysfsError(fs.root, "not a directory")
-    if not os.path.isdir(fs.path("sys", "devices")):
-        raise SysfsError(fs.root, "not a sysfs root: no sys/devices folder below it")
 
 
 class _Reader:

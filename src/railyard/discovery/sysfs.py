@@ -30,6 +30,24 @@ class SysfsError(Exception):
         self.reason = reason
 
 
+def tree_root(path: str | os.PathLike[str]) -> str:
+    """The folder holding `sys/` for a sysfs tree given either as that folder or as its `sys`.
+
+    Every option that takes a sysfs tree (`--sysfs-root`, the box's `--node-sysfs`) goes
+    through this one rule, so a user never has to guess which of the two is meant: `/` and
+    `/sys`, or a fixture's root and its `sys/`, mean the same tree.
+    """
+    given = os.path.abspath(path)
+    if not os.path.isdir(given):
+        raise SysfsError(given, "no such folder")
+    if os.path.isdir(os.path.join(given, "sys", "devices")):
+        return given
+    if os.path.basename(given) == "sys" and os.path.isdir(os.path.join(given, "devices")):
+        return os.path.dirname(given)
+    raise SysfsError(given, "not a sysfs tree: expected a folder holding sys/devices (such as "
+                            "/ or a fixture's root) or the sys folder itself (holding devices/)")
+
+
 @dataclass(frozen=True, slots=True)
 class SysfsWarning:
     """Something discovery could not read; the rest of the node was still discovered."""
