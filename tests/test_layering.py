@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"kube", "scheduler", "kubelet", "cni", "sim"},
     {"agent"},
     {"cli"},
+    {"__main__"},  # `python -m railyard`: the command, as `railyard` is
 ]
 # Edges within one layer, and the reason each is there (docs/architecture.md says more).
 ALLOWED = {
