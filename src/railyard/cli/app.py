@@ -7,10 +7,9 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-try:  # typer 0.26+ carries its own copy of click; its exceptions are those
-    from typer._click import exceptions as click
-except ImportError:  # pragma: no cover - older typer on real click
-    from click import exceptions as click  # type: ignore[no-redef]
+# typer 0.26+ carries its own copy of click and no longer installs click itself; its
+# exceptions are the ones typer raises (the floor in pyproject.toml, decision 0102).
+from typer._click import exceptions as click
 
 
 class _Railyard(typer.Typer):
