@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import gzip
 import hashlib
+import importlib.util
 import io
 import json
 import os
@@ -199,6 +200,17 @@ def build(families: tuple[str, ...] = BOX_FAMILIES) -> dict[str, Path]:
                 _build_family(family, out)
             built[name] = out / "bin"
     return built
+
+
+def built() -> dict[str, Path]:
+    """Each family already in the cache, built for this checkout's pins, and its bin; builds
+    nothing. The box's PATH offers all of them (helm, kwok, Multus once built)."""
+    found = {}
+    for name, family in FAMILIES.items():
+        out = family.out_dir()
+        if (out / "complete").exists():
+            found[name] = out / "bin"
+    return found
 
 
 def _build_family(family: Family, out: Path) -> None:
@@ -549,7 +561,7 @@ class Box:
         self.node_helpers = node_helpers or {}
         self.with_railyard = with_railyard or multus
         self.multus = multus
-        self.node_sysfs = node_sysfs
+        self.node_sysfs = node_tree(node_sysfs) / "sys" if node_sysfs is not None else None
         self.kwok_nodes = kwok_nodes
         self.scheduler_config = scheduler_config
         self.state_path = self.layout.dir / "box.json"
@@ -669,7 +681,7 @@ class Box:
         bin_dir = self.layout.bin_dir
         shutil.rmtree(bin_dir, ignore_errors=True)
         bin_dir.mkdir()
-        for family_bin in self.bins.values():
+        for family_bin in {**built(), **self.bins}.values():
             for binary in family_bin.iterdir():
                 (bin_dir / binary.name).symlink_to(binary.resolve())
 
@@ -699,14 +711,16 @@ class Box:
         tree = self.layout.dir / "node-sysfs"
         if not (tree / "sys").exists():
             shutil.rmtree(tree, ignore_errors=True)
-            run([_railyard(), "fixture", "--profile", DEFAULT_PROFILE, "--vfs-per-pf", "2",
+            run([*railyard_command(), "fixture", "--profile", DEFAULT_PROFILE, "--vfs-per-pf", "2",
                  str(tree)])
         self.node_sysfs = tree / "sys"
         return self.node_sysfs
 
     def _stand_ins(self, sysfs: Path) -> None:
-        """A veth stand-in in the box for each RDMA PF and VF netdev the tree names."""
-        links = sysfs_netdevs(sysfs)
+        """A veth stand-in in the box for each PF and VF netdev discovery finds in the tree:
+        one reader of sysfs, so the box offers exactly what the agent will serve."""
+        found = run([*railyard_command(), "discover", "--sysfs-root", str(sysfs)])
+        links = netdev_stand_ins(json.loads(found.stdout))
         existing = {
             line.split(":")[1].strip().split("@")[0]
             for line in run(self.in_box(["ip", "-o", "link"])).stdout.splitlines()
@@ -996,7 +1010,8 @@ state = "{lay.run_dir / 'containerd'}"
         }
         net_d = self.layout.dir / "cni/net.d"
         if self.with_railyard:
-            run([_railyard(), "cni", "install", "--bin-dir", str(self.layout.dir / "cni/bin")])
+            run([*railyard_command(), "cni", "install",
+                 "--bin-dir", str(self.layout.dir / "cni/bin")])
         if self.multus:
             self._multus_config(conflist)
             return
@@ -1104,7 +1119,7 @@ state = "{lay.run_dir / 'containerd'}"
         self.kubectl("apply", "-f", "-", input=json.dumps(railyard_rbac()))
         listen = f"{self.layout.node_ip}:{EXTENDER_PORT}"
         self.start("railyard-scheduler", [
-            _railyard(), "scheduler", "--listen", listen,
+            *railyard_command(), "scheduler", "--listen", listen,
             "--kubeconfig", str(self.layout.dir / "config/railyard-extender.kubeconfig"),
             *options,
         ])
@@ -1126,7 +1141,7 @@ state = "{lay.run_dir / 'containerd'}"
             self.start(name, [a.format(sysfs_root=self.node_sysfs.parent) for a in argv],
                        on_node=True)
         self.start("railyard-agent", [
-            _railyard(), "agent", "--node-name", NODE_NAME,
+            *railyard_command(), "agent", "--node-name", NODE_NAME,
             "--kubeconfig", str(self.layout.dir / "config/railyard-agent.kubeconfig"),
             "--sysfs-root", str(self.node_sysfs.parent),
             "--state-dir", str(self.layout.dir / "railyard-state"),
@@ -1308,11 +1323,13 @@ def multus_rbac() -> dict:
     ]}
 
 
-def _railyard() -> str:
-    found = shutil.which("railyard")
-    if found is None:
-        raise BoxError("`railyard` is not installed (python3 -m pip install -e .)")
-    return found
+def railyard_command() -> list[str]:
+    """Railyard as the Python running the box runs it: a venv need not be on the PATH (nor
+    activated) for the box, or a test that starts it, to find the Railyard it installed."""
+    if importlib.util.find_spec("railyard") is None:
+        raise BoxError(f"Railyard is not installed for {sys.executable} "
+                       f"({sys.executable} -m pip install -e .)")
+    return [sys.executable, "-m", "railyard"]
 
 
 def kwok_node(name: str) -> dict:
@@ -1331,25 +1348,30 @@ def kwok_node(name: str) -> dict:
     }
 
 
-def sysfs_netdevs(sysfs: Path) -> dict[str, str]:
-    """RDMA PF and VF netdev names in a sysfs tree, each with a MAC a veth can carry."""
-    links: dict[str, str] = {}
-    infiniband = sysfs / "class/infiniband"
-    devices = [d.resolve() / "device" for d in infiniband.iterdir()] if infiniband.exists() else []
-    for pf in list(devices):
-        devices += [v.resolve() for v in pf.glob("virtfn*")]
-    for device in devices:
-        for net in sorted((device / "net").glob("*")) if (device / "net").exists() else []:
-            mac = (net / "address").read_text().strip() if (net / "address").exists() else ""
-            # A veth carries a 6-byte MAC: an InfiniBand port's 20-byte address, or zeros,
-            # get a deterministic locally administered one instead.
-            if len(mac.split(":")) != 6 or mac == "00:00:00:00:00:00":
-                digest = hashlib.sha256(net.name.encode()).digest()
-                mac = "02:" + ":".join(f"{b:02x}" for b in digest[:5])
-            links[net.name] = mac
-    for name in list(links):
-        if name in {"lo", "eth0"} or name.startswith(("br", "bond")):
-            del links[name]
+def node_tree(given: Path) -> Path:
+    """The folder holding the node's sys/, given as it or as that sys/: the one rule every
+    sysfs-tree option follows (railyard.discovery.sysfs.tree_root)."""
+    railyard_command()
+    from railyard.discovery.sysfs import SysfsError, tree_root
+
+    try:
+        return Path(tree_root(given))
+    except SysfsError as error:
+        raise BoxError(f"--node-sysfs {error}") from None
+
+
+def netdev_stand_ins(topology: dict[str, Any]) -> dict[str, str]:
+    """Each PF and VF netdev of a `railyard discover` document, with the MAC its veth carries.
+
+    The MAC comes from the name, locally administered and unicast: a veth carries six bytes,
+    which an InfiniBand port's 20-byte address is not, and a name is stable across boxes.
+    """
+    names = [n.get("netdev") for n in topology.get("nics", [])]
+    names += [v.get("netdev") for n in topology.get("nics", []) for v in n.get("vfs", [])]
+    links = {}
+    for name in sorted(n for n in names if n):
+        digest = hashlib.sha256(name.encode()).digest()
+        links[name] = "02:" + ":".join(f"{b:02x}" for b in digest[:5])
     return links
 
 
@@ -1407,8 +1429,9 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("up", help="build what is missing, start a box, wait until ready")
     up.add_argument("--dir", type=Path, required=True, help="the box's folder (made if missing)")
     up.add_argument("--node-sysfs", type=Path,
-                    help=f"the node's sysfs tree (its sys/ folder; default: a {DEFAULT_PROFILE} "
-                    "fixture); a veth stand-in is made for each RDMA PF and VF netdev it names")
+                    help=f"the node's sysfs tree: the folder holding sys/, or that sys/ "
+                    f"(default: a {DEFAULT_PROFILE} fixture); a veth stand-in is made for each "
+                    "PF and VF netdev `railyard discover` finds in it")
     up.add_argument("--kwok-nodes", type=int, default=0, help="kwok nodes to add (default 0)")
     up.add_argument("--scheduler-config", type=Path, help="a KubeSchedulerConfiguration file")
     up.add_argument("--with-railyard", action="store_true",
@@ -1437,10 +1460,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.kwok_nodes < 0:
             parser.error("--kwok-nodes must be 0 or more")
-        for option in ("node_sysfs", "scheduler_config"):
-            value = getattr(args, option)
-            if value is not None and not value.exists():
-                parser.error(f"--{option.replace('_', '-')} {value}: no such file or folder")
+        if args.scheduler_config is not None and not args.scheduler_config.exists():
+            parser.error(f"--scheduler-config {args.scheduler_config}: no such file")
         box = Box(args.dir, node_sysfs=args.node_sysfs, kwok_nodes=args.kwok_nodes,
                   scheduler_config=args.scheduler_config, with_railyard=args.with_railyard,
                   multus=args.multus)

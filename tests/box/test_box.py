@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from railyard.discovery.discover import discover
+from railyard.records.topology import topology_to_json
 from support.box import (
     KWOK_NODES,
     get,
@@ -106,8 +108,9 @@ def test_a_pod_reaches_the_apiserver_through_the_kubernetes_service(box):
     assert "HTTP/1.0 400 Bad Request" in run_to_success(box, ns, pod("svc", command))
 
 
-def test_the_node_has_a_stand_in_for_each_rdma_netdev_of_its_sysfs(box):
-    expected = kubebox.sysfs_netdevs(box.node_sysfs)
+def test_the_node_has_a_stand_in_for_each_netdev_discovery_finds_in_its_sysfs(box):
+    topology = topology_to_json(discover(box.node_sysfs).topology)
+    expected = kubebox.netdev_stand_ins(topology)
     assert len(expected) >= 16  # dgx-h100: 8 compute PFs with 2 VFs each, and more
     out = kubebox.run(box.in_box(["ip", "-o", "link", "show"])).stdout
     present = {}

@@ -1,42 +1,66 @@
-"""The box's pure parts, without root: which netdevs get stand-ins, their MACs, image archives."""
+"""The box's pure parts, without root: its stand-ins and their MACs, the node tree it is
+given, its PATH, image archives."""
 
 from __future__ import annotations
 
 import json
 import tarfile
-from pathlib import Path
 
+import pytest
+
+from railyard.discovery.discover import discover
+from railyard.discovery.fixture import write_fixture
+from railyard.discovery.profiles import PROFILES, profile
+from railyard.records.topology import topology_to_json
 from support.box import kubebox
 
 
-def _netdev(tree: Path, device: str, name: str, address: str) -> None:
-    net = tree / "devices" / device / "net" / name
-    net.mkdir(parents=True)
-    (net / "address").write_text(address + "\n")
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_stand_ins_are_exactly_the_pf_and_vf_netdevs_discovery_reports(tmp_path, name):
+    """The box reads `railyard discover`'s document, never sysfs itself: on every fixture
+    profile its stand-ins are the PF and VF netdevs discovery found, no more, no fewer."""
+    write_fixture(profile(name), tmp_path, 2)
+    topology = discover(tmp_path).topology
+    expected = {n.netdev for n in topology.nics} | {v.netdev for n in topology.nics
+                                                   for v in n.vfs}
+    assert None not in expected
+    assert len(expected) == sum(1 + len(n.vfs) for n in topology.nics) > len(topology.nics)
+
+    links = kubebox.netdev_stand_ins(topology_to_json(topology))
+
+    assert set(links) == expected
+    for mac in links.values():
+        octets = mac.split(":")
+        assert len(octets) == 6 and int(octets[0], 16) & 0b11 == 0b10  # local, unicast
+    assert len(set(links.values())) == len(links)
+    assert kubebox.netdev_stand_ins(topology_to_json(topology)) == links  # deterministic
 
 
-def test_stand_ins_cover_rdma_pfs_and_their_vfs_with_macs_a_veth_can_carry(tmp_path):
-    sys = tmp_path / "sys"
-    _netdev(sys, "pf0", "enp1s0f0np0", "02:00:00:00:01:00")
-    _netdev(sys, "pf1", "ibp2s0", "00:00:10:87:fe:80:00:00:00:00:00:00:a0:88:c2:03:00:00:02:00")
-    _netdev(sys, "vf0", "enp1s0f0v0", "00:00:00:00:00:00")
-    _netdev(sys, "plain", "eno1", "02:00:00:00:99:00")  # no RDMA device: no stand-in
-    (sys / "devices/pf0/virtfn0").symlink_to(sys / "devices/vf0")
-    (sys / "class/infiniband").mkdir(parents=True)
-    for rdma, device in (("mlx5_0", "pf0"), ("mlx5_1", "pf1")):
-        (sys / "devices" / device / "infiniband" / rdma).mkdir(parents=True)
-        (sys / "devices" / device / "infiniband" / rdma / "device").symlink_to(
-            sys / "devices" / device)
-        (sys / "class/infiniband" / rdma).symlink_to(sys / "devices" / device / "infiniband" / rdma)
+def test_a_given_node_sysfs_is_the_tree_root_or_its_sys_folder(tmp_path):
+    write_fixture(profile("generic"), tmp_path / "node", 1)
+    for given in (tmp_path / "node", tmp_path / "node" / "sys"):
+        box = kubebox.Box(tmp_path / "box", node_sysfs=given)
+        assert box.node_sysfs == tmp_path / "node" / "sys"
+    with pytest.raises(kubebox.BoxError, match=r"--node-sysfs .*: not a sysfs tree: expected"):
+        kubebox.Box(tmp_path / "box", node_sysfs=tmp_path)
 
-    links = kubebox.sysfs_netdevs(sys)
 
-    assert sorted(links) == ["enp1s0f0np0", "enp1s0f0v0", "ibp2s0"]
-    assert links["enp1s0f0np0"] == "02:00:00:00:01:00"
-    for derived in (links["ibp2s0"], links["enp1s0f0v0"]):
-        octets = derived.split(":")
-        assert len(octets) == 6 and int(octets[0], 16) & 0b10  # locally administered
-    assert kubebox.sysfs_netdevs(sys) == links  # deterministic
+def test_the_box_path_offers_every_component_built(tmp_path, monkeypatch):
+    """helm, kwok and Multus are on the PATH `hack/box up` prints once built, even when this
+    box did not ask for them (docs/testing.md lists them as box components)."""
+    monkeypatch.setenv("RAILYARD_BOX_CACHE", str(tmp_path / "cache"))
+    for name in ("kube", "containerd", "helm", "multus"):  # kwok: not built here
+        out = kubebox.FAMILIES[name].out_dir()
+        (out / "bin").mkdir(parents=True)
+        (out / "bin" / f"{name}-tool").write_text("")
+        (out / "complete").write_text("")
+    assert set(kubebox.built()) == {"kube", "containerd", "helm", "multus"}
+    (tmp_path / "box").mkdir()
+    box = kubebox.Box(tmp_path / "box")
+    box.bins = {"kube": kubebox.FAMILIES["kube"].out_dir() / "bin"}
+    box._link_binaries()
+    assert sorted(p.name for p in box.layout.bin_dir.iterdir()) == [
+        "containerd-tool", "helm-tool", "kube-tool", "multus-tool"]
 
 
 def test_an_image_archive_names_its_image_and_holds_its_layer(tmp_path):

@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.root, pytest.mark.box]
 @pytest.fixture(scope="module")
 def explained_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[kubebox.Box]:
     folder = tmp_path_factory.mktemp("railyard-explain")
-    kubebox.run(["railyard", "fixture", "--profile", "dgx-h100", "--vfs-per-pf", "2",
-                 str(folder / "node")])
+    kubebox.run([*kubebox.railyard_command(), "fixture", "--profile", "dgx-h100",
+                 "--vfs-per-pf", "2", str(folder / "node")])
     with running_box(folder / "box", node_sysfs=folder / "node" / "sys",
                      with_railyard=True) as running:
         yield running

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,7 +50,7 @@ class Replica:
         self.box, self.name, self.port, self.log = box, name, port, log
         with log.open("ab") as out:
             self.process = subprocess.Popen(box.in_box([
-                shutil.which("railyard") or "railyard", "scheduler",
+                *kubebox.railyard_command(), "scheduler",
                 "--kubeconfig", str(box.layout.admin_kubeconfig),
                 "--listen", f"127.0.0.1:{port}", "--leader-elect-namespace", "kube-system",
                 "--leader-elect-name", LEASE,

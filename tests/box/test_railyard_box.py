@@ -36,7 +36,7 @@ def railyard_box(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     reached through Multus and a NetworkAttachmentDefinition."""
     profile, network = request.param
     folder = tmp_path_factory.mktemp(f"railyard-{profile}-{network}")
-    kubebox.run(["railyard", "fixture", "--profile", profile, "--vfs-per-pf", "2",
+    kubebox.run([*kubebox.railyard_command(), "fixture", "--profile", profile, "--vfs-per-pf", "2",
                  str(folder / "node")])
     with running_box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
                      multus=network == "multus") as running:
