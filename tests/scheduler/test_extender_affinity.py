@@ -26,8 +26,9 @@ PIX_NODE, NODE_NODE, PHB_NODE = "dgx-h100-000", "xe8640-000", "generic-000"
 LOGGER = "railyard.scheduler"
 
 
-def _extender(spec: str = "dgx-h100:1,xe8640:1,generic:1") -> Extender:
-    return Extender(ClusterState(cluster_from_spec(spec)))
+def _extender(spec: str = "dgx-h100:1,xe8640:1,generic:1", *,
+              filter_ranks: bool = True) -> Extender:
+    return Extender(ClusterState(cluster_from_spec(spec)), filter_ranks=filter_ranks)
 
 
 def _pod(uid: str, gpus: int, prefer: str | None) -> dict:
@@ -50,9 +51,12 @@ def _metric(ext: Extender, level: str, preference: str) -> float:
 
 
 def test_filter_keeps_every_node_that_fits_whatever_the_pod_prefers():
+    # Unranked (--no-filter-ranks, for the configuration with prioritize): the preference
+    # is a score, never a reason to fail a node.
     names = [PIX_NODE, NODE_NODE, PHB_NODE]
-    plain, preferring = calls(_extender(), [("filter", args(_pod("a", 2, None), names)),
-                                            ("filter", args(_pod("b", 2, "PIX"), names))])
+    plain, preferring = calls(_extender(filter_ranks=False), [
+        ("filter", args(_pod("a", 2, None), names)),
+        ("filter", args(_pod("b", 2, "PIX"), names))])
     assert sorted(preferring["NodeNames"]) == sorted(plain["NodeNames"]) == sorted(names)
 
 

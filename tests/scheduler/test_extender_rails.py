@@ -49,7 +49,8 @@ def job_pod(uid: str, hints: dict | None = None) -> dict:
 
 
 async def place(ext: Extender, pods: list[tuple[dict, str]]) -> list[dict]:
-    """Filter, prioritize and bind each pod in turn, onto the node given for it."""
+    """Filter, prioritize (every node, as with --no-filter-ranks) and bind each pod in turn,
+    onto the node given for it."""
     out = []
     async with served(ext) as url, aiohttp.ClientSession() as s:
         async def post(path: str, body: dict) -> dict:
@@ -59,7 +60,7 @@ async def place(ext: Extender, pods: list[tuple[dict, str]]) -> list[dict]:
 
         for p, node in pods:
             f = await post("/filter", args(p, NODES))
-            scores = await post("/prioritize", args(p, f["NodeNames"]))
+            scores = await post("/prioritize", args(p, NODES))
             meta = p["metadata"]
             b = await post("/bind", {"PodName": meta["name"], "PodNamespace": meta["namespace"],
                                      "PodUID": meta["uid"], "Node": node})
@@ -88,6 +89,9 @@ def test_four_pods_of_a_job_on_four_nodes_get_one_rail_sequence():
     # first pod, ranks below n3, where they are free at PIX beside the pods there.
     assert calls[1]["scores"]["n1"] < calls[1]["scores"]["n3"] == max(
         calls[1]["scores"].values())
+    # Ranked, filter answers just the best of them (decision 0104).
+    best = [n for n, score in calls[1]["scores"].items() if score == calls[1]["scores"]["n3"]]
+    assert sorted(calls[1]["filter"]["NodeNames"]) == sorted(best)
 
 
 def rails_of_bound(state: ClusterState, node: str) -> tuple[int | None, ...]:

@@ -128,6 +128,17 @@ def scheduler(
              "scheduling.koordinator.sh/device-allocated annotation (the same devices, no "
              "pairing) for koordlet on a cluster running both (docs/decisions/0095).")
     ] = False,
+    filter_ranks: Annotated[bool, typer.Option(
+        "--filter-ranks/--no-filter-ranks",
+        help="Filter answers only the nodes that rank best for the pod, so kube-scheduler "
+             "needs no prioritize call (deploy/kube-scheduler-config.yaml); off, filter "
+             "keeps every node that fits and prioritize ranks them, for a configuration "
+             "where kube-scheduler's own scores may outweigh Railyard's "
+             "(deploy/kube-scheduler-config-prioritize.yaml; docs/decisions/0104).")] = True,
+    allocated_events: Annotated[bool, typer.Option(
+        "--allocated-events/--no-allocated-events",
+        help="On the API: an `Allocated` Event on each pod bound with devices, naming its "
+             "pairs (the record on the pod says the same; docs/decisions/0104).")] = True,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz
@@ -174,7 +185,8 @@ def scheduler(
                                       leader_elect_retry_period)
         _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
                    tls, names, _signing_key(signing_key_file), idle_node_reserve,
-                   koordinator_annotation)
+                   koordinator_annotation, filter_ranks=filter_ranks,
+                   allocated_events=allocated_events)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
@@ -183,6 +195,8 @@ def scheduler(
     if koordinator_annotation:
         fail("--koordinator-annotation needs the API (with --cluster-file binds go to "
              "--state-file, not to pods)")
+    if not allocated_events:
+        fail("--no-allocated-events needs the API (with --cluster-file there are no Events)")
     token = None
     if admin_token_file is not None:
         try:
@@ -206,7 +220,7 @@ def scheduler(
     except (ClusterFileError, StateFileError) as e:
         fail(str(e))
     extender = Extender(state, sf, state_file=sf, pod_cache=pod_cache, admin_token=token,
-                        names=names)
+                        names=names, filter_ranks=filter_ranks)
     settle_heap()
 
     try:
@@ -300,7 +314,8 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                qps: float, burst: int, election: LeaderElection | None,
                tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES,
                signing_key: Ed25519PrivateKey | None = None, idle_reserve: int = 0,
-               koordinator: bool = False) -> None:
+               koordinator: bool = False, *, filter_ranks: bool = True,
+               allocated_events: bool = True) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -341,11 +356,12 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                     lease)
             cluster = ApiCluster(c, state, elector.is_leader if elector else None,
                                  signing_key, koordinator,
-                                 elector.time_left if elector else None)
+                                 elector.time_left if elector else None,
+                                 allocated_events=allocated_events)
             await cluster.start()
             # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,
-                                admin_calls=False, names=names)
+                                admin_calls=False, names=names, filter_ranks=filter_ranks)
             cluster.sync.on_pods_changed = lambda: extender.metrics.pods.set(state.pod_count())
             settle_heap()
             campaign = asyncio.ensure_future(elector.run()) if elector else None

@@ -372,8 +372,12 @@ class PodBinder:
                  fence: Callable[[], bool] | None = None,
                  signing_key: Ed25519PrivateKey | None = None,
                  koordinator: bool = False,
-                 lease_left: Callable[[], float] | None = None) -> None:
+                 lease_left: Callable[[], float] | None = None, *,
+                 allocated_events: bool = True) -> None:
         self.client, self.sync = client, sync
+        # The `Allocated` Event per bind (--no-allocated-events: none; decision 0104). The
+        # record on the pod says the same; the Event is for `kubectl describe`.
+        self.allocated_events = allocated_events
         # Seconds this replica still leads (`Elector.time_left`): checked again once the
         # client's rate limit lets the Binding go, and the create's timeout is capped to it.
         self.lease_left = lease_left
@@ -451,12 +455,14 @@ class PodBinder:
                 self.sync.written.add(pod.uid)  # not when it went away meanwhile
         finally:
             self.sync.recording.discard(pod.uid)
-        if pod.allocation is not None:
+        if pod.allocation is None:
+            return
+        if self.allocated_events:
             self._event(pod, "Allocated",
                         f"bound to {pod.node} by Railyard: {pairs_text(pod.allocation)}")
-            fallback = fallback_text(pod.allocation)
-            if fallback is not None:
-                self._event(pod, AFFINITY_FALLBACK, fallback)
+        fallback = fallback_text(pod.allocation)
+        if fallback is not None:  # a preference given up: always said
+            self._event(pod, AFFINITY_FALLBACK, fallback)
 
     def _still_leading(self, pod: BoundPod) -> float | None:
         """Right before the Binding is sent (the rate limit may have held it for seconds):
@@ -626,7 +632,8 @@ class ApiCluster:
                  fence: Callable[[], bool] | None = None,
                  signing_key: Ed25519PrivateKey | None = None,
                  koordinator: bool = False,
-                 lease_left: Callable[[], float] | None = None) -> None:
+                 lease_left: Callable[[], float] | None = None, *,
+                 allocated_events: bool = True) -> None:
         self.client = client
         self.sync = ClusterSync(state)
         if signing_key is not None:
@@ -635,7 +642,7 @@ class ApiCluster:
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
         self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
         self.binder = PodBinder(client, self.sync, fence, signing_key, koordinator,
-                                lease_left)
+                                lease_left, allocated_events=allocated_events)
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, timeout_s: float = 120.0) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
+from railyard.allocation.request import Request
 from railyard.allocation.types import Infeasible
 from railyard.records.logline import decision_line
 from railyard.scheduler import metrics as m
@@ -172,8 +173,13 @@ class Extender:
                  state_file: StateFile | None = None, metrics: Metrics | None = None,
                  pod_cache: int = DEFAULT_POD_CACHE, leader: Leadership | None = None,
                  limits: HttpLimits | None = None, admin_token: AdminToken | None = None,
-                 admin_calls: bool = True, names: ResourceNames = DEFAULT_RESOURCES) -> None:
+                 admin_calls: bool = True, names: ResourceNames = DEFAULT_RESOURCES,
+                 filter_ranks: bool = True) -> None:
         self.state = state
+        # Filter answers only the nodes that rank best for the pod (decision 0104): the
+        # ranking rides on filter, so kube-scheduler needs no prioritize call, and its own
+        # scores only break Railyard's ties.
+        self.filter_ranks = filter_ranks
         # The resource names pods are read with; `vf_pools` from --vf-pool (decision 0085).
         self.names = names
         # `DELETE /pods/<uid>` exists only where nothing else frees a pod's devices (the
@@ -272,6 +278,8 @@ class Extender:
         args, facts, names = call
         request = self.state.job_request(facts.request, facts.job)  # docs/rails.md
         out = self.state.filter(request, names, uid=facts.uid, search=search)
+        if self.filter_ranks and len(out.fits) > 1:
+            out.fits = self._best_ranked(request, out.fits, facts.uid, search)
         self.pods.put(facts)
         if self.state.pod(facts.uid) is not None:
             self.metrics.failure("filter", m.ALREADY_BOUND, len(out.unresolvable))
@@ -291,6 +299,15 @@ class Extender:
                 if name in fits]
         return _filter_reply(nodes={**node_list, "items": kept}, failed=out.failed,
                              unresolvable=out.unresolvable)
+
+    def _best_ranked(self, request: Request, fits: list[str], uid: str,
+                     search: bool) -> list[str]:
+        """The nodes of `fits` whose score is the best of them, in their order. The others
+        are left out of the answer, not failed: they fit, and a pod that fits somewhere is
+        never a case for preemption."""
+        scores = self.state.scores(request, fits, uid=uid, search=search)
+        best = max(scores.values())
+        return [name for name in fits if scores[name] == best]
 
     # ------------------------------------------------------------------ prioritize
 
