@@ -30,7 +30,6 @@ from typing import Any, Protocol, TypeVar
 from aiohttp import web
 
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
-from railyard.allocation.request import Request
 from railyard.allocation.types import Infeasible
 from railyard.records.logline import decision_line
 from railyard.scheduler import metrics as m
@@ -278,8 +277,10 @@ class Extender:
         args, facts, names = call
         request = self.state.job_request(facts.request, facts.job)  # docs/rails.md
         out = self.state.filter(request, names, uid=facts.uid, search=search)
-        if self.filter_ranks and len(out.fits) > 1:
-            out.fits = self._best_ranked(request, out.fits, facts.uid, search)
+        if self.filter_ranks:
+            # Left out, not failed: the others fit, and a pod that fits somewhere is never
+            # a case for preemption.
+            out.fits = self.state.best_scored(request, out.fits, uid=facts.uid, search=search)
         self.pods.put(facts)
         if self.state.pod(facts.uid) is not None:
             self.metrics.failure("filter", m.ALREADY_BOUND, len(out.unresolvable))
@@ -299,15 +300,6 @@ class Extender:
                 if name in fits]
         return _filter_reply(nodes={**node_list, "items": kept}, failed=out.failed,
                              unresolvable=out.unresolvable)
-
-    def _best_ranked(self, request: Request, fits: list[str], uid: str,
-                     search: bool) -> list[str]:
-        """The nodes of `fits` whose score is the best of them, in their order. The others
-        are left out of the answer, not failed: they fit, and a pod that fits somewhere is
-        never a case for preemption."""
-        scores = self.state.scores(request, fits, uid=uid, search=search)
-        best = max(scores.values())
-        return [name for name in fits if scores[name] == best]
 
     # ------------------------------------------------------------------ prioritize
 

@@ -773,6 +773,17 @@ class ClusterState:
         score[None] = 0
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
 
+    def best_scored(self, request: Request, fits: list[str], *, uid: str | None = None,
+                    search: bool = True) -> list[str]:
+        """The names of `fits` (nodes that fit) whose score is the best of them, in their
+        order: where kube-scheduler binds when Railyard's ranking decides (decision 0104;
+        the simulator models the same)."""
+        if len(fits) < 2:
+            return fits
+        scores = self.scores(request, fits, uid=uid, search=search)
+        best = max(scores.values())
+        return [name for name in fits if scores[name] == best]
+
     def _group_scores(self, request: Request, some_member: dict[_Group, str],
                       search: bool) -> dict[_Group | None, int]:
         """The score of each group (`some_member`: one node of each)."""
