@@ -21,7 +21,8 @@ import msgspec
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
 from railyard.allocation.types import Allocation, GpuRef
 from railyard.kube.client import Client
-from railyard.kubelet.dra_cdi import CdiSpecs, ClaimDevice, cdi_id, claim_envs, claim_spec
+from railyard.kubelet.admission import utc_now
+from railyard.kubelet.dra_cdi import CDI_DIR, CdiSpecs, ClaimDevice, cdi_id, claim_envs, claim_spec
 from railyard.kubelet.dra_claim import (
     DRIVER,
     ClaimAllocation,
@@ -228,3 +229,21 @@ def slice_gpus(slices: list[Any], topology: NodeTopology) -> OtherGpu:
         return found.get((r.driver, r.pool, r.device))
 
     return lookup
+
+
+def api_preparer(topology: NodeTopology, store: StateStore, client: Client, *, state_dir: str,
+                 cdi_dir: str = CDI_DIR, names: ResourceNames = DEFAULT_RESOURCES,
+                 pair_map: PairMapOptions = DEFAULT_PAIR_MAP,
+                 slices: Callable[[], Awaitable[list[Any] | None]] | None = None
+                 ) -> ClaimPreparer:
+    """The agent's preparer: claims read with its client; `slices` reads the node's
+    ResourceSlices (the agent's `kube.resourceslices.node_slices`), for other drivers' GPUs
+    in our claims (NVIDIA's, paired by their `pciBusID`)."""
+
+    async def other_gpus() -> OtherGpu | None:
+        found = None if slices is None else await slices()
+        return None if found is None else slice_gpus(found, topology)
+
+    return ClaimPreparer(topology, store, ApiClaims(client), state_dir=state_dir,
+                         cdi=CdiSpecs(cdi_dir), clock=utc_now, names=names, pair_map=pair_map,
+                         other_gpus=other_gpus)
