@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -65,11 +64,11 @@ class Extender:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        railyard = shutil.which("railyard") or "railyard"
         offset = self.log.stat().st_size if self.log.exists() else 0
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(self.box.in_box([
-                railyard, "scheduler", "--kubeconfig", str(self.box.layout.admin_kubeconfig),
+                sys.executable, "-m", "railyard", "scheduler",
+                "--kubeconfig", str(self.box.layout.admin_kubeconfig),
                 "--listen", f"127.0.0.1:{PORT}"]), stdout=out, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL)
 
@@ -85,23 +84,28 @@ class Extender:
         self.process = None
 
     def get(self, path: str) -> dict:
+        return json.loads(self.get_text(path))
+
+    def get_text(self, path: str) -> str:
         out = subprocess.run(self.box.in_box([
             sys.executable, "-c", "import sys, urllib.request; sys.stdout.write(urllib.request"
             f".urlopen('http://127.0.0.1:{PORT}{path}').read().decode())"]),
             capture_output=True, text=True, check=True)
-        return json.loads(out.stdout)
+        return out.stdout
 
 
 @contextmanager
-def extender_box(folder: Path, nodes: int,
-                 topology_of: Callable[[str], NodeTopology]) -> Iterator[tuple[object, Extender]]:
-    """A box of `nodes` kwok nodes whose kube-scheduler calls the extender, each node's
-    NodeTopology CR published as `topology_of(node)` gives it, and the extender running."""
+def extender_box(folder: Path, nodes: int, topology_of: Callable[[str], NodeTopology],
+                 config_file: str = "kube-scheduler-config.yaml",
+                 ) -> Iterator[tuple[object, Extender]]:
+    """A box of `nodes` kwok nodes whose kube-scheduler calls the extender as
+    deploy/`config_file` says, each node's NodeTopology CR published as `topology_of(node)`
+    gives it, and the extender running."""
     import os
 
     if os.geteuid() != 0:
         pytest.skip("the box needs root: network namespaces, mounts and cgroups")
-    config = yaml.safe_load((ROOT / "deploy" / "kube-scheduler-config.yaml").read_text())
+    config = yaml.safe_load((ROOT / "deploy" / config_file).read_text())
     config.pop("clientConnection")
     config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{PORT}/"
     (folder / "scheduler.yaml").write_text(yaml.safe_dump(config))
