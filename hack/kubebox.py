@@ -46,6 +46,7 @@ CONTAINERD_VERSION = "v2.2.9"
 KWOK_VERSION = "v0.8.0"
 MULTUS_VERSION = "v4.2.3"
 HELM_VERSION = "v4.3.2"
+KOORDINATOR_VERSION = "v1.8.0"  # its koord-scheduler, for benchmarks/scheduling.py
 KUBE_COMPONENTS = (
     "etcd",
     "kube-apiserver",
@@ -174,11 +175,16 @@ FAMILIES = {
     "multus": Family("multus", MULTUS_VERSION,
                      ("gopkg.in/k8snetworkplumbingwg/multus-cni.v4/cmd/multus",)),
     "helm": Family("helm", HELM_VERSION, ("helm.sh/helm/v4/cmd/helm",)),
+    "koordinator": Family("koordinator", KOORDINATOR_VERSION,
+                          ("github.com/koordinator-sh/koordinator/cmd/koord-scheduler",)),
 }
 # Files a family's build keeps beside its binaries (part of its cache key).
 EXTRAS = {"kwok": "kwok-stages.yaml", "multus": "nad-crd.yaml"}
 # What `up` needs; kwok, Multus and helm are built when a box or a test asks for them.
 BOX_FAMILIES = ("kube", "containerd")
+# What `hack/box build` builds unnamed: what the tests use. Koordinator only for the
+# scheduling benchmark, by name (`hack/box build koordinator`): no test needs its long build.
+TESTED_FAMILIES = tuple(name for name in FAMILIES if name != "koordinator")
 
 
 @contextlib.contextmanager
@@ -1425,7 +1431,8 @@ def main(argv: list[str] | None = None) -> int:
         "build", help="build the pinned components into the machine-wide cache")
     build_command.add_argument(
         "families", nargs="*", metavar="FAMILY",
-        help=f"what to build: {', '.join(FAMILIES)} (default: all)")
+        help=f"what to build: {', '.join(FAMILIES)} (default: all the tests use, "
+        f"{', '.join(TESTED_FAMILIES)})")
     up = commands.add_parser("up", help="build what is missing, start a box, wait until ready")
     up.add_argument("--dir", type=Path, required=True, help="the box's folder (made if missing)")
     up.add_argument("--node-sysfs", type=Path,
@@ -1451,7 +1458,7 @@ def main(argv: list[str] | None = None) -> int:
             unknown = sorted(set(args.families) - set(FAMILIES))
             if unknown:
                 parser.error(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
-            for name, path in build(tuple(args.families or FAMILIES)).items():
+            for name, path in build(tuple(args.families or TESTED_FAMILIES)).items():
                 print(f"{name}: {path}")
             return 0
         args.dir.mkdir(parents=True, exist_ok=True)
