@@ -305,6 +305,17 @@ def test_claims_this_node_cannot_prepare_fail_with_the_reason(node, doc, words):
 
 
 @async_test
+async def test_a_claim_without_devices_of_ours_is_prepared_with_nothing_recorded(node):
+    doc = claim_doc("theirs", [("gpu-0", GPU[0])])
+    doc["status"]["allocation"]["devices"]["results"][0]["driver"] = "gpu.nvidia.com"
+    claim = node.api.add(doc)
+    async with running(node) as stub:
+        answer = dict((await prepare(stub, claim)).claims)[claim.uid]
+    assert (answer.error, list(answer.devices)) == ("", [])
+    assert node.leftovers() == []
+
+
+@async_test
 async def test_a_claim_made_again_under_the_same_name_is_not_prepared(node):
     claim = node.api.add(two_pairs())
     stale = dra.Claim(namespace=claim.namespace, name=claim.name, uid=str(uuid.uuid4()))

@@ -107,6 +107,8 @@ class ClaimPreparer:
         message kubelet shows) when it cannot be prepared, with nothing of it left."""
         doc = await self.claims.claim(ref.namespace, ref.name)
         claim = read_claim(doc, ref, self.topology.node, self.driver)
+        if not claim.ours:  # nothing of ours in it: nothing to record, nothing to undo
+            return ()
         other = None
         if claim.others and self.other_gpus is not None:
             other = await self.other_gpus()
