@@ -253,3 +253,30 @@ def test_the_pod_runs_with_exactly_its_pairs_vfs_in_pair_order(dra_box):
         assert {v.uverbs for v in vfs} <= listed and "rdma_cm" in listed
     finally:
         box.kubectl("delete", "pod", "run", "-n", ns, "--wait=false", check=False)
+
+
+def test_a_kubelet_restart_with_a_prepared_claim_registers_again_and_unprepare_ends_it(
+        dra_box):
+    """Drill: kubelet restarts while a claim is prepared; its plugin watcher finds our
+    registration socket again, and the pod's deletion still frees everything."""
+    box, plugin = dra_box
+    ns = namespace(box)
+    start_pod(box, ns, "held", (3, 4))
+    uid = allocated_claim(box, ns)["metadata"]["uid"]
+    cdi = CdiSpecs(plugin.cdi_dir).path(uid)
+    wait_for("kubelet to prepare the claim", cdi.exists, timeout=60)
+    pod_uid = get(box, "pod", "held", "-n", ns)["metadata"]["uid"]
+    assert plugin.plugin is not None
+    registration = plugin.plugin.registration
+    plugin.loop.call_soon_threadsafe(registration.registered.clear)
+    box.restart("kubelet")
+    wait_for("kubelet to register the DRA driver again", registration.registered.is_set,
+             timeout=60)
+    assert cdi.exists()  # a restart is no unprepare: the claim stays prepared
+    assert StateStore(plugin.state_dir, kubebox.NODE_NAME).get(pod_uid) is not None
+
+    box.kubectl("delete", "pod", "held", "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for("the claim to be unprepared",
+             lambda: not cdi.exists() and PreparedClaims(plugin.state_dir).get(uid) is None,
+             timeout=90)
+    assert StateStore(plugin.state_dir, kubebox.NODE_NAME).get(pod_uid) is None
