@@ -28,7 +28,7 @@ from railyard.kubelet.api import dra_pb2_grpc as dra_grpc
 from railyard.kubelet.dra_cdi import KIND, CdiSpecs
 from railyard.kubelet.dra_claim import device_name
 from railyard.kubelet.dra_plugin import DraPlugin
-from railyard.kubelet.dra_prepare import ClaimPreparer
+from railyard.kubelet.dra_prepare import ClaimPreparer, slice_gpus
 from railyard.kubelet.plugin import KubeletPaths
 from railyard.node.state import StateStore
 from support.agent import async_test
@@ -102,12 +102,17 @@ class Node:
         self.state_dir = str(root / "state")
         self.cdi_dir = root / "cdi"
         self.api = StandInApi()
+        self.slices: list[dict[str, Any]] = []
 
     def preparer(self) -> ClaimPreparer:
-        """A fresh agent's preparer: nothing in memory, everything from the folders."""
+        """A fresh agent's preparer: nothing in memory, everything from the folders; GPUs of
+        NVIDIA's driver found in the slices `self.slices` holds."""
+        async def other_gpus():
+            return slice_gpus(self.slices, TOPO)
+
         return ClaimPreparer(TOPO, StateStore(self.state_dir, NODE), self.api,
                              state_dir=self.state_dir, cdi=CdiSpecs(self.cdi_dir),
-                             clock=lambda: STAMP)
+                             clock=lambda: STAMP, other_gpus=other_gpus)
 
     def store(self) -> StateStore:
         return StateStore(self.state_dir, NODE)
@@ -240,6 +245,8 @@ async def test_cdi_spec_carries_the_pair_map_the_plugins_set_and_each_vfs_verbs_
     assert [p["nic"]["pciAddress"] for p in json.loads(env["RAILYARD_PAIRS"])] == \
         [VF[0][0], VF[1][0]]
     assert env["VLLM_GPU_NIC_PCIE_MAPPING"] == f"{GPU[0]}={VF[0][0]},{GPU[1]}={VF[1][0]}"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(g.uuid or g.pci_address
+                                                    for g in TOPO.gpus[:2])
     (mount,) = spec["containerEdits"]["mounts"]
     assert mount["containerPath"] == "/run/railyard/pairs.json"
     pair_file = json.loads(Path(mount["hostPath"]).read_text())
@@ -249,6 +256,29 @@ async def test_cdi_spec_carries_the_pair_map_the_plugins_set_and_each_vfs_verbs_
     nic0 = devices[f"{claim.uid}-{device_name(VF[0][0])}"]["deviceNodes"]
     assert [n["path"] for n in nic0] == [f"/dev/infiniband/{COMPUTE[0].vfs[0].uverbs}",
                                          "/dev/infiniband/rdma_cm"]
+
+
+@async_test
+async def test_nvidias_gpus_in_the_claim_pair_by_pci_bus_id_and_stay_theirs_to_show(node):
+    node.slices = [{"spec": {"driver": "gpu.nvidia.com", "pool": {"name": NODE}, "devices": [
+        {"name": f"gpu-{i}", "attributes": {
+            "resource.kubernetes.io/pciBusID": {"string": GPU[i]}}} for i in (2, 3)]}}]
+    doc = claim_doc("mixed", [("gpu-0", GPU[2]), ("nic-0", VF[2][0]),
+                              ("gpu-1", GPU[3]), ("nic-1", VF[3][0])])
+    for r, i in zip(doc["status"]["allocation"]["devices"]["results"][::2], (2, 3), strict=True):
+        r.update(driver="gpu.nvidia.com", device=f"gpu-{i}")
+    claim = node.api.add(doc)
+    async with running(node) as stub:
+        answer = dict((await prepare(stub, claim)).claims)[claim.uid]
+    assert [d.device_name for d in answer.devices] == [device_name(VF[2][0]),
+                                                       device_name(VF[3][0])]
+    alloc = node.store().get(pod_uid(node, claim)).allocation
+    assert [(p.gpu.pci_address, p.nic.pci_address) for p in alloc.pairs] == \
+        [(GPU[2], VF[2][0]), (GPU[3], VF[3][0])]
+    spec = json.loads(CdiSpecs(node.cdi_dir).path(claim.uid).read_text())
+    env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+    assert "NVIDIA_VISIBLE_DEVICES" not in env  # NVIDIA's own CDI spec shows its GPUs
+    assert env["VLLM_GPU_NIC_PCIE_MAPPING"] == f"{GPU[2]}={VF[2][0]},{GPU[3]}={VF[3][0]}"
 
 
 @async_test

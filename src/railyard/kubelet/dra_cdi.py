@@ -69,9 +69,10 @@ def resource_of(names: ResourceNames, nic: NicRef) -> str:
 
 
 def claim_envs(alloc: Allocation, index: DeviceIndex, names: ResourceNames,
-               options: PairMapOptions) -> dict[str, str]:
+               options: PairMapOptions, own_gpus: Sequence[GpuRef] = ()) -> dict[str, str]:
     """Every variable a container of the claim's pod gets, as the plugins would set them for
-    one container holding all of the claim's devices."""
+    one container holding all of the claim's devices. `NVIDIA_VISIBLE_DEVICES` names only
+    `own_gpus` (ours): another driver's GPUs are made visible by that driver's own CDI spec."""
     nics = list(alloc.all_nics)
     envs: dict[str, str] = {}
     by_resource: dict[str, list[NicRef]] = {}
@@ -83,8 +84,8 @@ def claim_envs(alloc: Allocation, index: DeviceIndex, names: ResourceNames,
     devices = hcas(nics)
     if devices:  # over every NIC kind, in pair order (one value, as the last plugin sets it)
         envs["NCCL_IB_HCA"] = nccl_ib_hca(devices)
-    if alloc.all_gpus:
-        envs.update(gpu_grant(list(alloc.all_gpus)).envs)
+    if own_gpus:
+        envs.update(gpu_grant(list(own_gpus)).envs)
     gpu_ids = [g.device_id for g in alloc.all_gpus]
     nic_ids = [n.pci_address for n in nics]
     envs[PAIRS_ENV] = pairs_json(alloc, gpus=gpu_ids, nics=nic_ids)

@@ -141,7 +141,8 @@ class ClaimPreparer:
         pair_file = self._write_pair_file(pod, ref, alloc)
         named = [ClaimDevice(r.device, d) for r in claim.ours
                  if (d := self.devices.device(r.device)) is not None]
-        envs = claim_envs(alloc, self.index, self.names, self.pair_map)
+        envs = claim_envs(alloc, self.index, self.names, self.pair_map,
+                          [d.device for d in named if isinstance(d.device, GpuRef)])
         self.cdi.write(ref.uid, claim_spec(ref.uid, named, envs, self.index, self.names,
                                            pair_file))
         log.info("claim %s prepared for pod %s: %d pairs, %d NICs, %d GPUs", ref, pod,
