@@ -206,6 +206,32 @@ async def test_a_removed_registration_socket_is_served_again(node):
         await plugin.stop()
 
 
+@async_test
+async def test_health_stream_lists_every_device_and_a_sick_pf_takes_its_vfs_with_it(node):
+    from railyard.kubelet.api import dra_health_pb2 as health
+    from railyard.kubelet.api import dra_health_pb2_grpc as health_grpc
+
+    plugin = DraPlugin(node.preparer(), node.kubelet)
+    await plugin.start()
+    try:
+        async with grpc.aio.insecure_channel("unix://" + plugin.service_socket) as ch:
+            stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                health.NodeWatchResourcesRequest())
+            first = await stream.read()
+            names = {d.device.device_name for d in first.devices}
+            assert device_name(GPU[0]) in names and device_name(VF[7][1]) in names
+            assert {(d.device.pool_name, d.health, d.health_check_timeout_seconds)
+                    for d in first.devices} == {(NODE, health.HEALTHY, 30)}
+            sick = COMPUTE[1].pci_address
+            assert await plugin.health.update({sick})
+            second = await stream.read()
+            stream.cancel()
+        bad = {d.device.device_name for d in second.devices if d.health == health.UNHEALTHY}
+        assert bad == {device_name(a) for a in (sick, *VF[1])}
+    finally:
+        await plugin.stop()
+
+
 # ----------------------------------------------------------------------- prepare
 
 

@@ -55,3 +55,27 @@ def test_share_id_is_optional_so_absence_is_visible():
     assert not d.HasField("share_id")
     d.share_id = ""
     assert d.HasField("share_id")
+
+
+def test_dra_health_stream_matches_kubelets_v1alpha1_api():
+    from railyard.kubelet.api import dra_health_pb2 as health
+
+    I64, E = FD.TYPE_INT64, FD.TYPE_ENUM
+    assert health.DESCRIPTOR.package == "v1alpha1"
+    table = {
+        "DeviceIdentifier": [("pool_name", 1, S, False), ("device_name", 2, S, False)],
+        "DeviceHealth": [("device", 1, M, False), ("health", 2, E, False),
+                         ("last_updated_time", 3, I64, False),
+                         ("health_check_timeout_seconds", 4, I64, False),
+                         ("message", 5, S, False)],
+        "NodeWatchResourcesResponse": [("devices", 1, M, True)],
+        "NodeWatchResourcesRequest": [],
+    }
+    for name, fields in table.items():
+        got = [(f.name, f.number, f.type, f.is_repeated)
+               for f in getattr(health, name).DESCRIPTOR.fields]
+        assert got == fields, name
+    assert (health.UNKNOWN, health.HEALTHY, health.UNHEALTHY) == (0, 1, 2)
+    (method,) = health.DESCRIPTOR.services_by_name["DRAResourceHealth"].methods
+    assert (method.full_name, method.server_streaming) == \
+        ("v1alpha1.DRAResourceHealth.NodeWatchResources", True)

@@ -4,7 +4,8 @@ Two unix sockets, as kubelet v1.36 expects of a DRA driver: the registration soc
 `<kubelet>/plugins_registry/` (kubelet finds it, calls `GetInfo`: type "DRAPlugin", the driver
 name, the service socket, supported "v1.DRAPlugin"; then `NotifyRegistrationStatus`), and the
 service socket in `<kubelet>/plugins/<driver>/`, where kubelet calls NodePrepareResources and
-NodeUnprepareResources with the claims of one pod. The servicer is thin: each claim goes to
+NodeUnprepareResources with the claims of one pod (and opens the device health stream,
+`kubelet.dra_health`). The servicer is thin: each claim goes to
 `ClaimPreparer`, and an error becomes that claim's error string, never a failed call.
 
 `DraPlugin.start()/stop()` (or `serve_dra_plugin`, until cancelled) is what the agent runs
@@ -21,11 +22,13 @@ from collections.abc import Callable, Sized
 
 import grpc
 
+from railyard.kubelet.api import dra_health_pb2_grpc as health_grpc
 from railyard.kubelet.api import dra_pb2 as dra
 from railyard.kubelet.api import dra_pb2_grpc as dra_grpc
 from railyard.kubelet.api import pluginregistration_pb2 as reg_pb
 from railyard.kubelet.api import pluginregistration_pb2_grpc as reg_grpc
 from railyard.kubelet.dra_claim import ClaimRef
+from railyard.kubelet.dra_health import DraHealth, DraHealthServicer
 from railyard.kubelet.dra_prepare import ClaimPreparer
 from railyard.kubelet.plugin import (
     MAX_SOCKET_PATH,
@@ -117,9 +120,13 @@ class DraRegistration(WatcherRegistration):
 class DraPlugin:
     """Serves the DRA service and its registration; serves again if a socket is removed."""
 
-    def __init__(self, preparer: ClaimPreparer, paths: KubeletPaths) -> None:
+    def __init__(self, preparer: ClaimPreparer, paths: KubeletPaths,
+                 health: DraHealth | None = None) -> None:
         self.preparer = preparer
         self.driver = preparer.driver
+        # The agent's health scan calls `health.update`; the pool is the node's (our slices').
+        self.health = health if health is not None else DraHealth(preparer.devices,
+                                                                  preparer.topology.node)
         self.service_socket = os.path.join(paths.kubelet_dir, "plugins", self.driver,
                                            "dra.sock")
         self.registration_socket = os.path.join(paths.plugins_registry,
@@ -138,9 +145,7 @@ class DraPlugin:
 
     async def _ensure(self) -> None:
         if self._service is None or not os.path.exists(self.service_socket):
-            self._service = await _serve(self._service, self.service_socket, lambda s:
-                                         dra_grpc.add_DRAPluginServicer_to_server(
-                                             DraServicer(self.preparer), s))
+            self._service = await _serve(self._service, self.service_socket, self._add_service)
             log.info("DRA driver %s: serving on %s", self.driver, self.service_socket)
         if self._registrar is None or not os.path.exists(self.registration_socket):
             self._registrar = await _serve(self._registrar, self.registration_socket, lambda s:
@@ -148,6 +153,11 @@ class DraPlugin:
                                                self.registration, s))
             log.info("DRA driver %s: registration socket %s", self.driver,
                      self.registration_socket)
+
+    def _add_service(self, server: grpc.aio.Server) -> None:
+        dra_grpc.add_DRAPluginServicer_to_server(DraServicer(self.preparer), server)
+        health_grpc.add_DRAResourceHealthServicer_to_server(
+            DraHealthServicer(self.health, self.preparer.devices), server)
 
     async def _keep_serving(self) -> None:
         while True:

@@ -17,7 +17,8 @@ from grpc_tools import protoc
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[2]  # .../src
-PROTOS = ("deviceplugin.proto", "dra.proto", "pluginregistration.proto", "podresources.proto")
+PROTOS = ("deviceplugin.proto", "dra.proto", "dra_health.proto", "pluginregistration.proto",
+          "podresources.proto")
 
 
 def main() -> int:
