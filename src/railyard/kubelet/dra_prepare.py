@@ -113,7 +113,9 @@ class ClaimPreparer:
         if claim.others and self.other_gpus is not None:
             other = await self.other_gpus()
         async with self._deciding:
-            return self._prepare(claim, other)
+            # In a worker thread: a few fsyncs, which the agent's loop (the device plugins,
+            # the CNI service) should not wait on.
+            return await asyncio.to_thread(self._prepare, claim, other)
 
     def _prepare(self, claim: ClaimAllocation, other: OtherGpu | None
                  ) -> tuple[PreparedDevice, ...]:
@@ -181,13 +183,16 @@ class ClaimPreparer:
         """Remove what prepare made for the claim; nothing known of it: only its CDI spec
         file, should one be there (a state folder that was lost)."""
         async with self._deciding:
-            with self.store.locked():
-                before = self.prepared.get(ref.uid)
-                if before is None:
-                    if self.cdi.remove(ref.uid):
-                        log.info("claim %s: no preparation recorded; its CDI spec removed", ref)
-                    return
-                self._undo(before)
+            await asyncio.to_thread(self._unprepare, ref)
+
+    def _unprepare(self, ref: ClaimRef) -> None:
+        with self.store.locked():
+            before = self.prepared.get(ref.uid)
+            if before is None:
+                if self.cdi.remove(ref.uid):
+                    log.info("claim %s: no preparation recorded; its CDI spec removed", ref)
+                return
+            self._undo(before)
 
     def _undo(self, p: PreparedClaim) -> None:
         """Everything the document names gone, the document last (under the store lock)."""
