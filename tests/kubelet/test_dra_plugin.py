@@ -421,6 +421,17 @@ async def test_unprepare_frees_exactly_what_prepare_took_and_again_is_fine(node)
 
 
 @async_test
+async def test_a_uid_that_is_not_one_path_component_touches_no_file(node):
+    planted = node.root / "planted.json"
+    planted.write_text("{}")
+    bad = dra.Claim(namespace=NS, name="x", uid="../planted")
+    async with running(node) as stub:
+        resp = await unprepare(stub, bad)
+    assert "not a claim UID" in dict(resp.claims)[bad.uid].error
+    assert planted.exists()
+
+
+@async_test
 async def test_an_agent_restarted_between_prepare_and_unprepare_frees_everything(node):
     claim = node.api.add(two_pairs())
     async with running(node) as stub:
@@ -455,3 +466,12 @@ async def test_prepare_after_a_crash_mid_prepare_completes_it(node):
         resp = await prepare(stub, claim)
     assert dict(resp.claims)[claim.uid].error == ""
     assert CdiSpecs(node.cdi_dir).path(claim.uid).exists()
+
+
+def test_cdi_specs_refuse_a_uid_that_is_not_one_path_component(tmp_path):
+    from railyard.node.errors import StateError
+
+    specs = CdiSpecs(tmp_path)
+    for bad in ("../x", "a/b", ""):
+        with pytest.raises(StateError, match="not a claim UID"):
+            specs.remove(bad)

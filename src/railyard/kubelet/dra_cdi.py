@@ -31,7 +31,9 @@ from railyard.kubelet.pairmap import (
 )
 from railyard.kubelet.resolver import kind_of_nic
 from railyard.kubelet.response import PAIRS_ENV, gpu_grant, nic_grant, pairs_json
+from railyard.node.errors import StateError
 from railyard.node.files import fsync_dir, write_atomic
+from railyard.node.state import is_pod_uid
 
 CDI_DIR = "/var/run/cdi"
 CDI_VERSION = "0.5.0"  # device nodes with a hostPath need 0.5.0 (CDI's version rules)
@@ -127,6 +129,8 @@ class CdiSpecs:
         self.folder = Path(folder)
 
     def path(self, claim_uid: str) -> Path:
+        if not is_pod_uid(claim_uid):  # one path component, whatever a caller passes
+            raise StateError(str(self.folder), f"{claim_uid!r} is not a claim UID")
         return self.folder / spec_file_name(claim_uid)
 
     def write(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
