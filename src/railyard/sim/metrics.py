@@ -70,6 +70,12 @@ class PolicyMetrics:
     # Gangs (`sim.gangs`): per job, its pods' rail sequences as placed, and how many it has.
     job_rails: dict[str, list[tuple[int | None, ...]]] = field(default_factory=dict)
     job_sizes: Counter = field(default_factory=Counter)
+    # CPU work placed: milli-CPUs of every pod placed at its arrival, and milli-CPU-seconds
+    # of their run time (arrival to departure, or to the run's end: `finish`); the placed,
+    # live pods' (milli-CPUs, arrival second) until they leave. None: no pod has a lifetime.
+    cpu_milli_placed: int = 0
+    cpu_milli_s_placed: float | None = 0.0
+    running_cpu: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     def record(self, arrival: Arrival, result: object, topology: NodeTopology | None,
                latency_s: float) -> None:
@@ -86,6 +92,8 @@ class PolicyMetrics:
         if isinstance(result, Allocation) and topology is not None:
             self.placed += 1
             self.allocated_milli += milli
+            self.cpu_milli_placed += arrival.pod.cpu_milli
+            self.running_cpu[arrival.uid] = (arrival.pod.cpu_milli, arrival.arrive_s)
             self.held_milli[arrival.uid] = milli
             share = arrival.pod.rdma_percent
             if share:
@@ -121,6 +129,8 @@ class PolicyMetrics:
         self.live_requested_milli -= gpu_milli_of(arrival.pod)
         self.allocated_milli -= self.held_milli.pop(arrival.uid, 0)
         self._shares(self.shares_held.pop(arrival.uid, []), -1)
+        if arrival.uid in self.running_cpu and arrival.depart_s is not None:
+            self._ran(arrival.uid, arrival.depart_s)
         self._point()
 
     def _shares(self, held: list[tuple[tuple[str, str], int]], sign: int) -> None:
@@ -169,8 +179,36 @@ class PolicyMetrics:
             "freeGpusWithoutGdrNic": states["freeGpusWithoutGdrNic"],
         }
 
-    def finish(self, topologies: Sequence[NodeTopology], ledgers: Mapping[str, Ledger]) -> None:
+    def _ran(self, uid: str, until_s: float) -> None:
+        """A placed pod stopped running at `until_s`: its CPUs × its run time count."""
+        cpu_milli, since_s = self.running_cpu.pop(uid)
+        if self.cpu_milli_s_placed is not None:
+            self.cpu_milli_s_placed += cpu_milli * max(0.0, until_s - since_s)
+
+    def finish(self, topologies: Sequence[NodeTopology], ledgers: Mapping[str, Ledger],
+               end_s: float | None = None) -> None:
+        """The run ended at `end_s` (its last event on the replay clock): the pods still
+        running count up to it. `end_s` None: the run had no lifetimes (pods drawn to stay,
+        or a trace without deletion times), so vCPU-hours mean nothing there."""
         self.end = nic_states(topologies, ledgers)
+        if end_s is None:
+            self.cpu_milli_s_placed = None
+            self.running_cpu.clear()
+        for uid in list(self.running_cpu):
+            self._ran(uid, end_s if end_s is not None else 0.0)
+
+    @property
+    def vcpu_placed(self) -> float:
+        """`vcpuPlaced`: vCPUs of the pods placed (at their arrival), however long they ran."""
+        return self.cpu_milli_placed / 1000
+
+    @property
+    def vcpu_hours_placed(self) -> float | None:
+        """`vcpuHoursPlaced`: per placed pod, its vCPUs × the hours it ran (arrival to its
+        departure, or to the run's last event); None for a run without lifetimes."""
+        if self.cpu_milli_s_placed is None:
+            return None
+        return self.cpu_milli_s_placed / 1000 / 3600
 
     # ------------------------------------------------------------------ summary
 
@@ -239,6 +277,9 @@ class PolicyMetrics:
             "gangsArrived": len(self.job_sizes),
             "gangsPlaced": self.gangs_placed,
             "rdmaPodsPlaced": self.rdma_placed,
+            "vcpuPlaced": round(self.vcpu_placed, 3),
+            "vcpuHoursPlaced": (None if (h := self.vcpu_hours_placed) is None
+                                else round(h, 6)),
             "collectiveEfficiencyMultiGpu": _mean(self.multi_efficiency),
             "networkEfficiencyRdmaPods": _mean(self.rdma_efficiency),
             "maxDistanceViolations": self.limit_violations,

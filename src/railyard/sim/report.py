@@ -81,6 +81,11 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
+def _vcpus(x: float | None) -> str:
+    """vCPUs or vCPU-hours, whole ("–": the run has no lifetimes to count hours over)."""
+    return "–" if x is None else f"{x:,.0f}"
+
+
 def _load_pct(load: float) -> str:
     """A load as the user gave it: 1.3 → "130%", 0.333 → "33.3%"."""
     return f"{100 * load:.4g}%"
@@ -132,7 +137,8 @@ def heatmap_moment(result: SimResult) -> str:
 # ------------------------------------------------------------------------ the table
 
 TABLE_COLUMNS = (
-    "policy", "pods placed", "GPU alloc. at 1st failure", "at 100% load", "at end",
+    "policy", "pods placed", "vCPUs placed", "vCPU-hours placed", "GPU alloc. at 1st failure",
+    "at 100% load", "at end",
     "multi-GPU placed", "GDR-capable multi-GPU", "est. collective eff.",
     "pairs PIX/PXB/PHB/NODE/SYS", "pods by worst pair PIX/PXB/PHB/NODE/SYS",
     "stranded NICs at 50% / 100% load",
@@ -150,6 +156,8 @@ def table_rows(result: SimResult) -> list[list[str]]:
         rows.append([
             name,
             f"{m['podsPlaced']}/{m['podsArrived']}",
+            _vcpus(m["vcpuPlaced"]),
+            _vcpus(m["vcpuHoursPlaced"]),
             _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "no failure",
             _pct(m.get("atFullLoad", {}).get("gpuAllocationRatio")),
             _pct(m["gpuAllocationRatioAtEnd"]),
@@ -191,6 +199,8 @@ def console_rows(result: SimResult) -> list[tuple[str, list[str]]]:
 
     return [
         row("pods placed", lambda m: f"{m['podsPlaced']}/{m['podsArrived']}"),
+        row("vCPUs placed", lambda m: _vcpus(m["vcpuPlaced"])),
+        row("vCPU-hours placed", lambda m: _vcpus(m["vcpuHoursPlaced"])),
         row("GPU allocation ratio", lambda m: ""),
         row("  at 1st failure",
             lambda m: _pct(m["gpuAllocationRatioAtFirstFailure"]) if m["podsFailed"] else "none"),
@@ -224,6 +234,9 @@ FOOTNOTES = (
     "memory are simulated: a pod is offered only nodes with room for its requests.",
     "Policies without pairing are judged by the best matching of the GPUs and VFs they "
     "chose (the best NCCL could do with them).",
+    "vCPUs placed: the CPUs of every pod placed when it arrived; vCPU-hours placed: each "
+    "placed pod's vCPUs × the hours it ran (arrival to departure, or to the run's last "
+    "event), on the replay clock; \u2013 for a run without lifetimes (pods drawn to stay).",
     "GDR-capable: every GPU of the pod has its own NIC within PXB, so NCCL uses GPUDirect "
     "RDMA for every rank. Shares are of the multi-GPU pods that arrived.",
 )

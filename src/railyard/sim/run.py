@@ -264,5 +264,14 @@ def _replay(policy: Policy, topologies: Sequence[NodeTopology],
     ledgers = policy.ledgers()
     if HEATMAP_SNAPSHOT not in m.snapshots:  # a run with load < 100%: its end stands in
         heat = [heatmap_rows(by_name[n], ledgers[n], m.judged) for n in sample]
-    m.finish(topologies, ledgers)
+    m.finish(topologies, ledgers, run_end_s(events))
     return PolicyResult(m, heat)
+
+
+def run_end_s(events: Sequence[tuple[bool, Arrival]]) -> float | None:
+    """When a run ends on the replay clock: its last arrival or departure; None when no pod
+    has a lifetime (a draw: pods stay, so run time means nothing)."""
+    if not any(a.depart_s is not None for _, a in events):
+        return None
+    return max(a.depart_s if departs and a.depart_s is not None else a.arrive_s
+               for departs, a in events)
