@@ -36,6 +36,8 @@ would have to (it sees each pod only when asked about it).
 from __future__ import annotations
 
 import argparse
+import random
+import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,7 +50,7 @@ from railyard.sim.arrivals import Arrival, DemandRule, timeline, trace_arrivals
 from railyard.sim.capacity import NodeResources
 from railyard.sim.policies import Policy
 from railyard.sim.railyard_policy import RailyardPolicy
-from railyard.sim.run import DEFAULT_POLICIES, make_policy
+from railyard.sim.run import DEFAULT_POLICIES, make_policy, run_policy
 from railyard.sim.sharing import share_of
 from railyard.sim.trace import TracePod, load_trace
 from railyard.topology.model import NodeTopology
@@ -72,6 +74,15 @@ class RankedRailyard(RailyardPolicy):
         self.learn = learn
         self._seen: Counter[tuple[int, int]] = Counter()
         self.pod: TracePod | None = None  # the pod being placed (set by `replay`)
+        self.pods: dict[str, TracePod] = {}  # uid -> pod, for `place` (with --streams)
+
+    def place(self, uid: str, request: Request, nodes: Sequence[str] | None = None, *,
+              job: str | None = None, gpu_milli: int = 1000,
+              cpu_milli: int = 0) -> Allocation | Infeasible:
+        if uid in self.pods:  # run by `sim.run_policy`, which hands no pod
+            self.pod = self.pods[uid]
+        return super().place(uid, request, nodes, job=job, gpu_milli=gpu_milli,
+                             cpu_milli=cpu_milli)
 
     def _pick(self, request: Request, nodes: Sequence[str]) -> str | Infeasible:
         assert self.pod is not None
@@ -161,10 +172,40 @@ def replay(policy: Policy, resources: NodeResources, arrivals: Sequence[Arrival]
     return out
 
 
+def over_streams(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival], seed: int,
+                 shapes: dict[tuple[int, int], float], learn: bool, streams: int) -> None:
+    """Per policy and prototype, the medians over `streams` tie-break streams of instances,
+    `vcpuPlaced` and `vcpuHoursPlaced` (every pod, as `railyard simulate` counts them), run
+    through `sim.run_policy`; stream 0 is the shipped draw."""
+    print(f"  medians over {streams} streams: {'policy':<14} {'placed':>7} {'vCPUs':>8} "
+          f"{'vCPU-h':>10}")
+    for name in (*DEFAULT_POLICIES, *PROTOTYPES):
+        got = []
+        for stream in range(streams):
+            resources = NodeResources(topologies)
+            policy: Policy
+            if name in PROTOTYPES:
+                ranked = RankedRailyard(topologies, seed, name, resources, shapes, learn=learn)
+                ranked.pods = {a.uid: a.pod for a in arrivals}
+                policy = ranked
+            else:
+                policy = make_policy(name, topologies, seed, workload=arrivals)
+            if stream:
+                policy.rng = random.Random(  # type: ignore[attr-defined]
+                    f"online-envelope/{stream}/{seed}/{name}")
+            got.append(run_policy(policy, topologies, arrivals, resources).metrics)
+        hours = [m.vcpu_hours_placed or 0.0 for m in got]
+        print(f"  {'':<27}{name:<14} {statistics.median(m.placed for m in got):>7g} "
+              f"{statistics.median(m.vcpu_placed for m in got):>8.0f} "
+              f"{statistics.median(hours):>10.0f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", required=True, help="the DLRM trace CSV")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--streams", type=int, default=1,
+                        help="also the medians over this many tie-break streams (> 1)")
     parser.add_argument("--learn-shapes", action="store_true",
                         help="the CPU-fragmentation rankings learn the CN shapes as they arrive")
     args = parser.parse_args()
@@ -188,6 +229,8 @@ def main() -> None:
             fails = " ".join(f"{v}:{k}" for v, k in sorted(o.failed_by_vcpus.items()))
             print(f"  {name:<14} {o.placed:>6} {o.cn_vcpus:>9} {o.cn_vcpu_s / 3600:>10.0f}  "
                   f"{fails}", flush=True)
+        if args.streams > 1:
+            over_streams(topologies, arrivals, seed, shapes, args.learn_shapes, args.streams)
 
 
 if __name__ == "__main__":

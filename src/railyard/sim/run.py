@@ -199,16 +199,19 @@ def simulate(topologies: Sequence[NodeTopology], arrivals: Sequence[Arrival],
 
 
 def run_policy(policy: Policy, topologies: Sequence[NodeTopology],
-               arrivals: Sequence[Arrival]) -> PolicyResult:
+               arrivals: Sequence[Arrival],
+               resources: NodeResources | None = None) -> PolicyResult:
     """One policy, made by the caller (a benchmark's variant, say), through `arrivals` as
-    `simulate` runs each of its own."""
+    `simulate` runs each of its own; `resources`: the (fresh) CPU and memory ledger the run
+    keeps, for a variant that ranks nodes by it."""
     return _replay(policy, topologies, timeline(arrivals), sample_nodes(topologies), None,
-                   None)
+                   None, resources)
 
 
 def _replay(policy: Policy, topologies: Sequence[NodeTopology],
             events: Sequence[tuple[bool, Arrival]], sample: Sequence[str],
-            progress: Callable[[], None] | None, observer: Observer | None) -> PolicyResult:
+            progress: Callable[[], None] | None, observer: Observer | None,
+            resources: NodeResources | None = None) -> PolicyResult:
     """Place each arrival with `policy` and release each pod at its `depart_s`.
 
     Each pod is offered only the nodes with room for its CPUs and memory (`NodeResources`,
@@ -217,7 +220,7 @@ def _replay(policy: Policy, topologies: Sequence[NodeTopology],
     by_name = {t.node: t for t in topologies}
     cluster_gpus = sum(len(t.gpus) for t in topologies)
     m = PolicyMetrics(policy.name, cluster_gpus)
-    resources = NodeResources(topologies)
+    resources = NodeResources(topologies) if resources is None else resources
     clock = time.perf_counter
     heat: list[list[tuple[int, int]]] = []
     gang_results: dict[str, Allocation | Infeasible] = {}
