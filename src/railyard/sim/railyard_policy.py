@@ -81,9 +81,7 @@ class RailyardPolicy:
             reasons = {**outcome.failed, **outcome.unresolvable}
             first = next(iter(reasons.values()), "no nodes")
             return Infeasible(f"no node fits ({len(reasons)} rejected; e.g. {first})")
-        scores = self.state.scores(request, outcome.fits)
-        best = max(scores.values())
-        return [n for n in outcome.fits if scores[n] == best]
+        return self.state.best_scored(request, outcome.fits)
 
     def _pick_to_open(self, request: Request, nodes: Sequence[str],
                       milli: int) -> str | Infeasible:
