@@ -2,7 +2,7 @@
 prioritize would score best, so kube-scheduler needs one call before the bind; nodes that do
 not fit are refused as before (preemption sees the same answer); a bind after that filter
 decides on the loop from the answer filter left, with no search; `Allocated` Events can be
-turned off."""
+turned off, and go on a client of their own, never ahead of a Binding."""
 
 from __future__ import annotations
 
@@ -137,3 +137,29 @@ def test_allocated_events_are_sent_only_when_asked(allocated_events):
 
     reasons = [e["reason"] for e in asyncio.run(main())]
     assert reasons == (["Allocated"] if allocated_events else [])
+
+
+def test_events_go_on_their_own_client_and_the_binding_on_the_binders():
+    state = ClusterState(cluster_from_spec("dgx-h100:1"))
+    alloc = state.bind("u1", "ml", "p1", "dgx-h100-000", Request(gpus=2, vfs=2))
+
+    class Recording(EventClient):
+        def __init__(self) -> None:
+            super().__init__()
+            self.paths: list[str] = []
+
+        async def create(self, path: str, body: Any, type_: object, **kw: Any) -> None:
+            self.paths.append(path)
+            await super().create(path, body, type_, **kw)
+
+    binds, events = Recording(), Recording()
+
+    async def main() -> None:
+        binder = PodBinder(binds, ClusterSync(state),  # type: ignore[arg-type]
+                           events_client=events)  # type: ignore[arg-type]
+        await binder.bind(BoundPod("ml", "p1", "u1", "dgx-h100-000", alloc))  # type: ignore[arg-type]
+        await binder.events.drain()
+
+    asyncio.run(main())
+    assert binds.paths == ["/api/v1/namespaces/ml/pods/p1/binding"] and binds.events == []
+    assert [e["reason"] for e in events.events] == ["Allocated"]

@@ -337,9 +337,13 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
         # The Lease has a client of its own (as kube-scheduler's leader election does): its
         # renewals never queue behind a burst of binds for the connections or the QPS. On
         # the shared client a 5,000-node benchmark lost the lease and refused 249 binds.
+        # Events too (as kube-scheduler's broadcaster has): a burst of them never holds a
+        # bind back (decision 0104).
         async with Client(config, qps=qps, burst=burst, user_agent="railyard-scheduler") as c, \
                 Client(config, qps=5, burst=10, connections=2,
-                       user_agent="railyard-scheduler-election") as lease_client:
+                       user_agent="railyard-scheduler-election") as lease_client, \
+                Client(config, qps=max(1.0, qps / 2), burst=max(1, burst // 2), connections=4,
+                       user_agent="railyard-scheduler-events") as events_client:
             state = ClusterState((), idle_reserve=idle_reserve)
             elector = None
             if election is not None:
@@ -357,7 +361,8 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
             cluster = ApiCluster(c, state, elector.is_leader if elector else None,
                                  signing_key, koordinator,
                                  elector.time_left if elector else None,
-                                 allocated_events=allocated_events)
+                                 allocated_events=allocated_events,
+                                 events_client=events_client)
             await cluster.start()
             # No admin calls: the pod watch frees a pod's devices (docs/decisions/0083).
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,
