@@ -28,10 +28,11 @@ without Railyard runs no Railyard). The modes:
   behind Railyard's connection guard, msgspec for the messages, Railyard's API client for
   the Binding. Filter keeps every node, prioritize scores 0, bind posts a plain Binding.
 - `railyard`: `railyard scheduler` as `hack/box up --with-railyard` runs it.
-- `trivial+prioritize`, `railyard+prioritize`: the same with the shipped
-  `deploy/kube-scheduler-config.yaml` (filter, prioritize, bind); without `+prioritize`,
-  `deploy/kube-scheduler-config-filter-ranked.yaml` (filter and bind: Railyard's filter
-  returns only the nodes it ranks best, decision 0104).
+- `trivial+prioritize`, `railyard+prioritize`: the same with
+  `deploy/kube-scheduler-config-prioritize.yaml` (filter, prioritize, bind; Railyard's with
+  --no-filter-ranks, as before decision 0104); without `+prioritize`, the shipped
+  `deploy/kube-scheduler-config.yaml` (filter and bind: Railyard's filter returns only the
+  nodes it ranks best).
 - `koordinator`: from `benchmarks/koordinator_mode.py` when it is there: its
   `mode(bench: Bench) -> Mode` (see `Mode`).
 
@@ -89,8 +90,8 @@ PROCESSES = ("kube-scheduler", "railyard-scheduler", "trivial-extender", "kube-a
 TICK = os.sysconf("SC_CLK_TCK")
 TRIVIAL_PORT_OFFSET = 1  # the trivial extender listens on the box's extender port + 1
 HTTP_TIMEOUT_S = 5.0  # kube-scheduler's httpTimeout in both configurations
-SHIPPED = ROOT / "deploy/kube-scheduler-config.yaml"
-FILTER_RANKED = ROOT / "deploy/kube-scheduler-config-filter-ranked.yaml"
+SHIPPED = ROOT / "deploy/kube-scheduler-config.yaml"  # filter (ranked) and bind
+WITH_PRIORITIZE = ROOT / "deploy/kube-scheduler-config-prioritize.yaml"
 
 
 def load_kubebox() -> ModuleType:
@@ -399,7 +400,7 @@ class Bench:
         if kind not in ("trivial", "railyard") or variant not in ("", "prioritize"):
             raise SystemExit(f"unknown mode {name!r}: plain, trivial, railyard, "
                              "trivial+prioritize, railyard+prioritize, koordinator")
-        shipped = SHIPPED if variant else FILTER_RANKED
+        shipped = WITH_PRIORITIZE if variant else SHIPPED
         process = "railyard-scheduler" if kind == "railyard" else "trivial-extender"
         url = self.railyard_url if kind == "railyard" else self.trivial_url
         config = self.with_extender(url, shipped)

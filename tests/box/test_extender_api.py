@@ -1,6 +1,7 @@
 """The extender on the API, against the box's real kube-scheduler and kube-apiserver: kwok
 nodes carry NodeTopology CRs from `dgx-h100` fixture trees, the real kube-scheduler calls
-`railyard scheduler --kubeconfig` for filter, prioritize and bind, and the pods come out
+`railyard scheduler --kubeconfig` for filter and bind (the shipped configuration: filter
+ranks, decision 0104), and the pods come out
 with the Allocation annotation and a node.
 
 The extender runs as a subprocess inside the box's network namespace, listening on
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -59,8 +61,8 @@ VFS_PER_PF = 2  # dgx-h100: 8 RDMA PFs, so 16 VFs per node
 class Extender:
     """`railyard scheduler --kubeconfig` as a process in the box's network namespace."""
 
-    def __init__(self, box, log: Path) -> None:
-        self.box, self.log = box, log
+    def __init__(self, box, log: Path, options: tuple[str, ...] = ()) -> None:
+        self.box, self.log, self.options = box, log, options
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -69,8 +71,8 @@ class Extender:
             self.process = subprocess.Popen(self.box.in_box([
                 sys.executable, "-m", "railyard", "scheduler",
                 "--kubeconfig", str(self.box.layout.admin_kubeconfig),
-                "--listen", f"127.0.0.1:{PORT}"]), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
+                "--listen", f"127.0.0.1:{PORT}", *self.options]),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
         def listening() -> bool:
             assert self.process is not None and self.process.poll() is None, self.log.read_text()
@@ -86,6 +88,12 @@ class Extender:
     def get(self, path: str) -> dict:
         return json.loads(self.get_text(path))
 
+    def calls(self, verb: str) -> float:
+        """How many `verb` requests it has answered, from its /metrics."""
+        found = re.search(rf'^railyard_extender_request_duration_seconds_count\{{verb="{verb}"\}} '
+                          r"(\S+)$", self.get_text("/metrics"), re.M)
+        return float(found.group(1)) if found else 0.0
+
     def get_text(self, path: str) -> str:
         out = subprocess.run(self.box.in_box([
             sys.executable, "-c", "import sys, urllib.request; sys.stdout.write(urllib.request"
@@ -97,10 +105,10 @@ class Extender:
 @contextmanager
 def extender_box(folder: Path, nodes: int, topology_of: Callable[[str], NodeTopology],
                  config_file: str = "kube-scheduler-config.yaml",
-                 ) -> Iterator[tuple[object, Extender]]:
+                 options: tuple[str, ...] = ()) -> Iterator[tuple[object, Extender]]:
     """A box of `nodes` kwok nodes whose kube-scheduler calls the extender as
     deploy/`config_file` says, each node's NodeTopology CR published as `topology_of(node)`
-    gives it, and the extender running."""
+    gives it, and the extender running with `options`."""
     import os
 
     if os.geteuid() != 0:
@@ -112,7 +120,7 @@ def extender_box(folder: Path, nodes: int, topology_of: Callable[[str], NodeTopo
     box = kubebox.Box(folder / "box", kwok_nodes=nodes,
                       scheduler_config=folder / "scheduler.yaml")
     box.up()
-    extender = Extender(box, folder / "extender.log")
+    extender = Extender(box, folder / "extender.log", options)
     try:
         install_topology_crd(box)
         publish_topologies(box, (topology_of(f"kwok-node-{i}") for i in range(nodes)))
@@ -170,7 +178,7 @@ def events(box, ns: str, name: str) -> list[dict]:
 
 
 def test_a_gpu_vf_pod_is_bound_through_the_extender_with_its_allocation(cluster):
-    box, _ = cluster
+    box, running = cluster
     ns = namespace(box)
     create(box, ns, gpu_pod("train-0", 2, 2, node="kwok-node-0"))
     p = bound(box, ns, "train-0")
@@ -178,6 +186,9 @@ def test_a_gpu_vf_pod_is_bound_through_the_extender_with_its_allocation(cluster)
     assert p["spec"]["nodeName"] == "kwok-node-0" == alloc.node
     assert len(alloc.pairs) == 2 and alloc.decided_by == "scheduler"
     assert len({pair.gpu.pci_address for pair in alloc.pairs}) == 2
+    # The shipped configuration: one call before the bind, filter's answer already ranked.
+    assert running.calls("filter") >= 1
+    assert running.calls("prioritize") == 0
     told = wait_for("the Allocated event", lambda: [
         e for e in events(box, ns, "train-0") if e["reason"] == "Allocated"])
     assert told[0]["source"]["component"] == "railyard-scheduler"
