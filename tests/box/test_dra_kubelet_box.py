@@ -22,12 +22,12 @@ from railyard.discovery.discover import discover
 from railyard.kube.client import Client
 from railyard.kube.config import load_kubeconfig
 from railyard.kubelet.dra_cdi import CdiSpecs
-from railyard.kubelet.dra_claim import DRIVER, device_name
 from railyard.kubelet.dra_plugin import DraPlugin
 from railyard.kubelet.dra_prepare import api_preparer
 from railyard.kubelet.dra_prepared import PreparedClaims
 from railyard.kubelet.plugin import KubeletPaths
 from railyard.node.state import StateStore
+from railyard.records.dra_names import DRIVER, device_name
 from railyard.topology.model import NodeTopology
 from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
 
@@ -224,10 +224,6 @@ def test_kubelet_registers_the_plugin_prepares_the_claim_and_unprepares_it(dra_b
     assert not (Path(plugin.state_dir) / "pairs" / pod_uid).exists()
 
 
-@pytest.mark.xfail(strict=True, reason="railyard-cni confirms a pod's NICs against the device "
-                   "IDs PodResources lists for device plugins; a DRA pod's are listed under "
-                   "dynamic_resources (driver railyard.dev, device names), which it does not "
-                   "read yet, so the sandbox fails (cni/grants.py: confirm)")
 def test_the_pod_runs_with_exactly_its_pairs_vfs_in_pair_order(dra_box):
     box, plugin = dra_box
     ns = namespace(box)

@@ -13,11 +13,18 @@ import grpc
 import pytest
 
 import railyard.cni.gc as gc_mod
-from railyard.cni.grants import KubeletPodResources
+from railyard.allocation.types import NicRef
+from railyard.cni.grants import KubeletPodResources, confirm
+from railyard.cni.spec import CniError, PodArgs
 from railyard.kubelet.api import podresources_pb2 as pb
 from railyard.kubelet.api import podresources_pb2_grpc as pb_grpc
 from railyard.node.attachments import InUse
+from railyard.records.dra_names import DRIVER, device_name
 from support.cni import Node, add, links, run_shim
+
+
+def vf_ref(pci: str) -> NicRef:
+    return NicRef("vf", pci, "0000:18:00.0", 0, None, None)
 
 
 class _FakeKubelet(pb_grpc.PodResourcesListerServicer):
@@ -31,7 +38,14 @@ class _FakeKubelet(pb_grpc.PodResourcesListerServicer):
             pb.ContainerResources(name="main", devices=[
                 pb.ContainerDevices(resource_name="railyard.dev/vf",
                                     device_ids=["0000:40:00.1"])])])
-        return pb.ListPodResourcesResponse(pod_resources=[pod, other])
+        dra = pb.PodResources(name="dra-0", namespace="team-a", containers=[
+            pb.ContainerResources(name="main", dynamic_resources=[pb.DynamicResource(
+                claim_name="pairs", claim_namespace="team-a", claim_resources=[
+                    pb.ClaimResource(driver_name=DRIVER, pool_name="node-a",
+                                     device_name=device_name("0000:18:00.3")),
+                    pb.ClaimResource(driver_name="gpu.nvidia.com", pool_name="node-a",
+                                     device_name=device_name("0000:40:00.4"))])])])
+        return pb.ListPodResourcesResponse(pod_resources=[pod, other, dra])
 
 
 def test_pod_resources_client_lists_one_pods_device_ids(tmp_path: Path):
@@ -45,6 +59,13 @@ def test_pod_resources_client_lists_one_pods_device_ids(tmp_path: Path):
         assert client.device_ids("team-a", "trainer-0") == {
             "0000:18:00.1", "0000:18:00.2", "GPU-1"}
         assert client.device_ids("team-a", "nobody") == frozenset()
+        # A DRA pod: the devices of Railyard's driver in its claims, not another driver's.
+        dra = client.device_ids("team-a", "dra-0")
+        assert dra == {device_name("0000:18:00.3")}
+        pod = PodArgs(uid="u", namespace="team-a", name="dra-0")
+        confirm((vf_ref("0000:18:00.3"),), pod, client)
+        with pytest.raises(CniError, match=r"0000:40:00\.4"):  # another driver's device
+            confirm((vf_ref("0000:40:00.4"),), pod, client)
     finally:
         server.stop(None)
     assert KubeletPodResources(str(tmp_path / "absent.sock")).device_ids("a", "b") is None

@@ -14,11 +14,11 @@ from railyard.kubelet.dra_claim import (
     ClaimRef,
     DeviceNames,
     claim_to_allocation,
-    device_name,
     read_claim,
 )
 from railyard.kubelet.dra_prepare import slice_gpus
 from railyard.kubelet.pairing import DeviceIndex
+from railyard.records.dra_names import device_name
 from railyard.topology.model import Distance
 
 TOPO = build_topology(PROFILES["dgx-h100"], 2)

@@ -26,11 +26,11 @@ from railyard.discovery.profiles import PROFILES, build_topology
 from railyard.kubelet.api import dra_pb2 as dra
 from railyard.kubelet.api import dra_pb2_grpc as dra_grpc
 from railyard.kubelet.dra_cdi import KIND, CdiSpecs
-from railyard.kubelet.dra_claim import device_name
 from railyard.kubelet.dra_plugin import DraPlugin
 from railyard.kubelet.dra_prepare import ClaimPreparer, slice_gpus
 from railyard.kubelet.plugin import KubeletPaths
 from railyard.node.state import StateStore
+from railyard.records.dra_names import device_name
 from support.agent import async_test
 from support.fake_kubelet import watcher_info
 

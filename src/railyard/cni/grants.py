@@ -24,6 +24,7 @@ from railyard.cni.spec import CniError, Code, PodArgs
 from railyard.node.ifnames import nic_pair_indexes
 from railyard.node.paths import POD_RESOURCES_SOCKET
 from railyard.node.state import PodRecord, StateError, StateStore, is_pod_uid
+from railyard.records.dra_names import DRIVER, device_name
 
 NODE_NAME_ENV = "RAILYARD_CNI_NODE_NAME"
 
@@ -174,6 +175,11 @@ class KubeletPodResources:
                 for c in pod.containers:
                     for d in c.devices:
                         ids.update(d.device_ids)
+                    # A DRA pod's: the devices of Railyard's driver in its prepared claims,
+                    # by their slice names (decision 0109).
+                    for claim in c.dynamic_resources:
+                        ids.update(r.device_name for r in claim.claim_resources
+                                   if r.driver_name == DRIVER)
         return frozenset(ids)
 
 
@@ -188,7 +194,8 @@ def confirm(nics: tuple[NicRef, ...], pod: PodArgs, source: PodDevices | None) -
     ids = source.device_ids(pod.namespace, pod.name)
     if ids is None:
         return
-    missing = [n.pci_address for n in nics if n.pci_address not in ids]
+    missing = [n.pci_address for n in nics
+               if n.pci_address not in ids and device_name(n.pci_address) not in ids]
     if missing:
         raise CniError(Code.NOT_CONFIRMED,
                        f"kubelet's PodResources does not list {', '.join(missing)} for pod "

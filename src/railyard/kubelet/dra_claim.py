@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
 from railyard.kubelet.pairing import DeviceIndex
 from railyard.node.state import PodKey, is_pod_uid
+from railyard.records.dra_names import DRIVER, device_name
 from railyard.records.fields import FieldError, Fields
-
-DRIVER = "railyard.dev"  # the driver name in our ResourceSlices and in claims' results
 
 
 class ClaimError(FieldError):
@@ -117,14 +116,6 @@ def _check_node(allocation: Fields, node: str) -> None:
 
 
 # ----------------------------------------------------------------------- device names
-
-
-def device_name(pci_address: str) -> str:
-    """A slice device's name for a PCI function: a DNS label (`0000:3b:00.2` → `pci-0000-3b-00-2`).
-
-    The one place the plugin derives names; the ResourceSlices must agree (decision 0109).
-    """
-    return "pci-" + pci_address.lower().replace(":", "-").replace(".", "-")
 
 
 class DeviceNames:

@@ -24,7 +24,6 @@ from railyard.kube.client import Client
 from railyard.kubelet.admission import utc_now
 from railyard.kubelet.dra_cdi import CDI_DIR, CdiSpecs, ClaimDevice, cdi_id, claim_envs, claim_spec
 from railyard.kubelet.dra_claim import (
-    DRIVER,
     ClaimAllocation,
     ClaimError,
     ClaimRef,
@@ -46,6 +45,7 @@ from railyard.kubelet.pairmap import (
 from railyard.node.attachments import attached_pods
 from railyard.node.pairfiles import PairFiles
 from railyard.node.state import PodKey, StateStore
+from railyard.records.dra_names import DRIVER
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
