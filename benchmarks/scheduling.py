@@ -809,6 +809,11 @@ def main() -> int:
                    help="one more `railyard scheduler` option, e.g. "
                    "--railyard-option=--no-allocated-events (repeatable)")
     p.add_argument("--keep", type=Path, help="use this folder for the box and leave it up")
+    p.add_argument("--fill", type=float, default=0.5,
+                   help="the most of the cluster's GPUs a round's pods may ask, 0-1 (default "
+                        "0.5: a drain rate, not a full cluster; more measures placement on a "
+                        "cluster filling up, e.g. the switch-aligned share, and its pods/s "
+                        "then counts pods that fit nowhere as waiting)")
     p.add_argument("--json", type=Path, help="write issue 28's JSON contract here")
     p.add_argument("--serve-trivial", metavar="HOST:PORT",
                    help="(internal) run the trivial extender here, not the benchmark")
@@ -823,10 +828,13 @@ def main() -> int:
         p.error("the box needs root (network namespaces, mounts, cgroups)")
     if args.nodes < 1 or args.pods < 1 or args.reps < 1:
         p.error("--nodes, --pods and --reps must be at least 1")
+    if not 0 < args.fill <= 1:
+        p.error(f"--fill must be in (0, 1], not {args.fill}")
     demand = sum(gpus for _, gpus, _ in pod_shapes(args.pods, args.seed))
-    if demand > 8 * args.nodes // 2:
-        p.error(f"{args.pods} pods ask {demand} GPUs, over half of {args.nodes} nodes' "
-                f"{8 * args.nodes}: the drain would measure a full cluster; use more nodes")
+    if demand > 8 * args.nodes * args.fill:
+        p.error(f"{args.pods} pods ask {demand} GPUs, over {args.fill:.0%} of {args.nodes} "
+                f"nodes' {8 * args.nodes}: use more nodes, or --fill to measure a cluster "
+                "filling up")
     return asyncio.run(main_async(args))
 
 
