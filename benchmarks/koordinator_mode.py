@@ -98,7 +98,8 @@ def scheduler_config(kubeconfig: Path) -> dict[str, Any]:
 
 def switch_aligned(topology: NodeTopology, pods: list[dict[str, Any]]) -> dict[str, float]:
     """From Koordinator's device-allocated annotation: of the pods with 2 GPUs or more, the
-    share whose GPUs and NICs can be paired one to one under shared PCIe switches."""
+    share whose GPUs and NICs can be paired one to one under shared PCIe switches, and
+    their count."""
     switch_of = {g.pci_address: g.switch for g in topology.gpus}
     by_uuid = {g.uuid: g.pci_address for g in topology.gpus if g.uuid}
     nic_switch = {n.pci_address: n.switch for n in topology.nics}
@@ -114,7 +115,8 @@ def switch_aligned(topology: NodeTopology, pods: list[dict[str, Any]]) -> dict[s
         multi += 1
         nics = [nic_switch.get(r["id"]) for r in allocated.get("rdma", [])]
         aligned += _pairs_under_switches(gpus, nics)
-    return {"switchAlignedShare": round(aligned / multi, 3) if multi else float("nan")}
+    return {"switchAlignedShare": round(aligned / multi, 3) if multi else float("nan"),
+            "switchAlignedPods": aligned}
 
 
 def _pairs_under_switches(gpu_switches: list[Any], nic_switches: list[Any]) -> bool:

@@ -168,6 +168,26 @@ def bind_buckets(metrics: str) -> list[tuple[float, float]]:
     return buckets_of(metrics, "railyard_extender_request_duration_seconds", verb="bind")
 
 
+def bind_phases(m0: str, m1: str) -> dict[str, float]:
+    """Where Railyard's binds spent their time over the round (its extender only): p50 and p99
+    of the decide and write phases in ms, and how many allocations were decided from
+    filter's memo on the loop or searched again in the worker."""
+    out: dict[str, float] = {}
+    for phase in ("decide", "write"):
+        b0 = dict(buckets_of(m0, "railyard_extender_bind_phase_seconds", phase=phase))
+        delta = [(le, c - b0.get(le, 0.0))
+                 for le, c in buckets_of(m1, "railyard_extender_bind_phase_seconds", phase=phase)]
+        if delta and delta[-1][1] > 0:
+            for q in (0.5, 0.99):
+                out[f"{phase}P{round(q * 100)}Ms"] = round(histogram_quantile(q, delta) * 1000, 1)
+    before = {labels.get("where"): v
+              for labels, v in samples(m0, "railyard_extender_bind_decisions_total")}
+    for labels, value in samples(m1, "railyard_extender_bind_decisions_total"):
+        where = labels.get("where")
+        out[f"decided_{where}"] = value - before.get(where, 0.0)
+    return out
+
+
 def failures(metrics: str) -> dict[str, float]:
     """`railyard_extender_failures_total` by verb and reason."""
     return {f"verb={labels.get('verb')},reason={labels.get('reason')}": value
@@ -229,7 +249,7 @@ def pod_body(name: str, gpus: int, vfs: int) -> dict[str, Any]:
 
 def switch_aligned(pods: list[dict[str, Any]]) -> dict[str, float]:
     """From Railyard's record on each bound pod: the share of pods with 2 GPUs or more whose
-    every GPU sits under one PCIe switch with its NIC (worst pair PIX)."""
+    every GPU sits under one PCIe switch with its NIC (worst pair PIX), and their count."""
     from railyard.allocation.names import ALLOCATION_ANNOTATION
     from railyard.records.allocation import decode_allocation
     from railyard.topology.model import Distance
@@ -244,7 +264,8 @@ def switch_aligned(pods: list[dict[str, Any]]) -> dict[str, float]:
             continue
         multi += 1
         aligned += alloc.worst_distance == Distance.PIX
-    return {"switchAlignedShare": round(aligned / multi, 3) if multi else float("nan")}
+    return {"switchAlignedShare": round(aligned / multi, 3) if multi else float("nan"),
+            "switchAlignedPods": aligned}
 
 
 @dataclasses.dataclass
@@ -291,6 +312,7 @@ class Round(msgspec.Struct):
     already_bound: int = 0  # the extender's already_bound answers (filter's per node, bind's)
     extender_rss_mb: float | None = None  # when the round had drained
     extra: dict[str, float] = {}  # the mode's report
+    bind_phases: dict[str, float] = dataclasses.field(default_factory=dict)  # Railyard's
 
 
 class Bench:
@@ -478,6 +500,13 @@ class Bench:
                 raw = msgspec.json.decode(await client.request(
                     "GET", f"/api/v1/namespaces/{ns}/pods"))
                 extra = mode.report(raw.get("items") or [])
+                # Of every multi-GPU pod the round asked, bound or not: on a cluster filling
+                # up, a scheduler that leaves the pods it cannot align Pending keeps its share
+                # of the bound ones at 1.0.
+                asked = sum(1 for _, gpus, _ in pod_shapes(self.args.pods, self.args.seed)
+                            if gpus >= 2)
+                if asked and "switchAlignedPods" in extra:
+                    extra["switchAlignedOfAsked"] = round(extra["switchAlignedPods"] / asked, 3)
             mode.stop()
             # Each pod without grace (kwok would end them one by one; a deletecollection of
             # 2,000 pods outlasts the API server's 60 s request timeout), then the rest.
@@ -586,6 +615,7 @@ class Bench:
                                         if v > f0.get(k, 0.0)}
             result.already_bound = int(sum(v for k, v in result.extender_failures.items()
                                            if k.endswith("reason=already_bound")))
+            result.bind_phases = bind_phases(m0, m1)
         say(f"{mode.name}: {bound} pods in {result.seconds} s, median "
             f"{result.window_median}/s")
         return result
@@ -651,6 +681,8 @@ def table(rounds: list[Round], args: argparse.Namespace, shapes: str) -> str:
                      f"pod: {calls}; kube-scheduler attempts {r.attempts}"
                      + (f"; extender RSS {r.extender_rss_mb} MB" if r.extender_rss_mb else "")
                      + (f"; {r.extra}" if r.extra else ""))
+        if r.bind_phases:
+            lines.append(f"  - bind phases (ms) and where decided: {r.bind_phases}")
         if r.extender_failures:
             lines.append(f"  - extender failures: {r.extender_failures}")
     medians = {name: statistics.median(r.window_median for r in rounds if r.mode == name)

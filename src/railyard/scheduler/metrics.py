@@ -22,6 +22,8 @@ ALREADY_BOUND = "already_bound"  # a UID bound elsewhere: its bind, or per node 
 WRITE_FAILED = "write_failed"  # recording the binding failed; ledger rolled back
 NOT_LEADER = "not_leader"  # a bind reached a replica that does not hold the Lease
 
+BIND_PHASES = ("decide", "write")
+
 # Filter is expected in the low milliseconds; bind includes an fsync.
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -36,6 +38,21 @@ class Metrics:
             "Time to answer one kube-scheduler extender call, by verb.",
             ["verb"], buckets=_BUCKETS, registry=self.registry)
         self.latency = {v: latency.labels(v) for v in VERBS}
+        # Where a bind's time goes (issue 28: why binds queued): `decide` from the bind's
+        # start to its devices held (a job's turn, and the worker's queue when the memo
+        # missed), `write` the Binding create (the client's rate limit included).
+        phase = Histogram(
+            "railyard_extender_bind_phase_seconds",
+            "Time of each phase of a bind that holds devices: decide (the allocation, "
+            "queueing included), write (the Binding create, its rate limit included).",
+            ["phase"], buckets=_BUCKETS, registry=self.registry)
+        self.bind_phase = {ph: phase.labels(ph) for ph in BIND_PHASES}
+        decided = Counter(
+            "railyard_extender_bind_decisions",
+            "Binds that held devices, by where the allocation was decided: memo (on the "
+            "loop, filter's answer still valid) or worker (searched again in the worker).",
+            ["where"], registry=self.registry)
+        self.bind_decided = {w: decided.labels(w) for w in ("memo", "worker")}
         self.allocations = Counter(
             "railyard_extender_allocations", "Pods bound with a Railyard allocation.",
             registry=self.registry)

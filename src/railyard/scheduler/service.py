@@ -449,6 +449,7 @@ class Extender:
             return error
         r = facts.request
         steered = facts.job if r.takes_job_rails else None
+        t0 = time.perf_counter()
         async with self._job_turn(steered):
             # The job's rails as of now: a pod of the job bound since this one's filter
             # counts. One bind of a job at a time reads them and commits (docs/rails.md):
@@ -457,15 +458,20 @@ class Extender:
             bind = (args.PodUID, args.PodNamespace, args.PodName, args.Node, request)
             try:  # on the loop when the allocator's memo holds the answer (filter asked it)
                 result = self.state.bind(*bind, search=False, job=facts.job)
+                self.metrics.bind_decided["memo"].inc()
             except NeedsSearch:
+                self.metrics.bind_decided["worker"].inc()
                 result = await self._in_worker(partial(self.state.bind, job=facts.job),
                                                *bind)
+        t1 = time.perf_counter()
+        self.metrics.bind_phase["decide"].observe(t1 - t0)
         if isinstance(result, Infeasible):
             self.metrics.failure("bind", m.UNRESOLVABLE if result.unresolvable else m.BLOCKED)
             return f"cannot bind {who} to {args.Node}: {result.reason}"
         pod = BoundPod(args.PodNamespace, args.PodName, args.PodUID, args.Node, result,
                        facts.job)
         error = await self._write(pod, who)
+        self.metrics.bind_phase["write"].observe(time.perf_counter() - t1)
         if not error:
             self.metrics.allocations.inc()
             self.metrics.achieved(result)
