@@ -41,3 +41,18 @@ def device_name(pci_address: str) -> str:
     """A slice device's name for a PCI function: a DNS label (`0000:3b:00.2` →
     `pci-0000-3b-00-2`)."""
     return "pci-" + pci_address.lower().replace(":", "-").replace(".", "-")
+
+
+# A VF's or PF's distance class to one GPU, `distanceGpu<index>` (int, the `Distance` value:
+# PIX = 0 … SYS = 4), by the GPU's CUDA index; absent where the slice had no room for it.
+DISTANCE_GPU_PREFIX = "distanceGpu"
+
+
+def distance_to_gpu(index: int) -> str:
+    """The attribute of a NIC's distance class to GPU `index`: `distanceGpu3`."""
+    return f"{DISTANCE_GPU_PREFIX}{index}"
+
+
+# The taint our slices put on a device the agent's health scan finds unhealthy (KEP-5055
+# device taints; effect NoSchedule: no new claim gets it, a running pod keeps it).
+UNHEALTHY_TAINT = f"{DRIVER}/unhealthy"
