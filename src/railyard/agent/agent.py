@@ -10,6 +10,12 @@ In cluster mode (a `kube` client, decision 0072) the pods come from the API serv
 (`kubelet.apipods`), the node's NodeTopology is published at start and whenever its status
 changes, node-decided records are written back to their pods (`kubelet.writeback`), and
 device health changes become Events on the Node (`kubelet.health_events`, `kube.events`).
+
+In DRA mode (`mode: dra`, cluster mode only; decision 0111) the agent is the DRA driver
+railyard.dev: it publishes the node's ResourceSlices (at start, on every health change, each
+time kubelet registers its DRA plugin, and every SLICES_RESYNC_S), serves kubelet's DRA plugin
+with the health scan's word, and registers no device plugin for the kinds DRA serves; the CNI
+service, the metrics, the clean-up and the NodeTopology stay as they are.
 """
 
 from __future__ import annotations
@@ -23,11 +29,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from railyard.agent.config import AgentConfig, ConfigError
+from railyard.agent.config import MODE_DRA, AgentConfig, ConfigError
 from railyard.cni.grants import Grant, Grants
 from railyard.cni.metrics import CniMetrics
 from railyard.cni.spec import PodArgs
@@ -36,7 +43,7 @@ from railyard.kube.events import NORMAL, WARNING, EventSender, event_body, event
 from railyard.kube.koordinator_device import DevicePublished, publish_device
 from railyard.kube.nodetopology import path_of, publish
 from railyard.kube.objects import NodeTopologyObject, Object
-from railyard.kube.resourceslices import node_slices
+from railyard.kube.resourceslices import SlicesPublished, node_slices, publish_slices
 from railyard.kubelet.admission import Admission, utc_now
 from railyard.kubelet.apipods import ApiPods
 from railyard.kubelet.health_events import (
@@ -77,6 +84,7 @@ from railyard.node.files import write_atomic
 from railyard.node.pairfiles import PairFiles
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
 from railyard.node.state import PodRecord, StateStore
+from railyard.records.dra_slices import node_slices as build_slices
 from railyard.records.koordinator_device import MANAGED_BY, MANAGED_BY_LABEL
 from railyard.records.nodetopology_cr import (
     NodeTopologyResourceError,
@@ -91,6 +99,9 @@ from railyard.records.signature import (
 )
 from railyard.topology.model import NodeTopology
 
+if TYPE_CHECKING:
+    from railyard.kubelet.dra_plugin import DraPlugin
+
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # Register retry while kubelet.sock is missing
@@ -103,6 +114,10 @@ EVENT_COMPONENT = "railyard-agent"
 STATE_REBUILT = "RailyardNodeStateRebuilt"  # the Node Event when records were made again
 EVENTS_DRAIN_S = 1.0  # at stop, Events in flight get this long before the client closes
 CHECK_BEFORE_S = 5.0  # the PodResources check a CNI ADD or a container start waits for
+# DRA mode: our slices are listed again this often (and written if they differ): kubelet
+# deletes a driver's slices 30 s after its plugin stops answering, and anyone may edit them.
+SLICES_RESYNC_S = 60.0
+SLICES_RETRY_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +199,10 @@ class Agent:
         self.metrics = AgentMetrics(options.node_name)
         self.metrics_server: MetricsServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # start()'s, for other threads
+        # DRA mode: kubelet's DRA plugin, and a wake-up for the slice publisher.
+        self.dra: DraPlugin | None = None
+        self._slices_due = asyncio.Event()
+        self.slices_published: SlicesPublished | None = None  # the last round's outcome
 
     # ------------------------------------------------------------------ start / stop
 
@@ -248,14 +267,19 @@ class Agent:
     def _inventory(self, facts: dict[str, DeviceFacts]) -> dict[Kind, tuple[PluginDevice, ...]]:
         cfg = self.config
         routed = self.probe.routed_netdevs()
-        wanted: list[tuple[Kind, bool, tuple]] = [("gpu", cfg.gpu_plugin, ())]
-        wanted += [("vf" if p.resource == cfg.resources.vf else p.resource, cfg.vf_plugin,
-                    p.selectors) for p in cfg.pools]
-        wanted.append(("pf", cfg.pf_plugin, cfg.pf_pool))
+        dra = cfg.dra_kinds  # served by DRA: no device plugin
+        wanted: list[tuple[Kind, bool, tuple]] = [("gpu", cfg.gpu_plugin and "gpu" not in dra,
+                                                   ())]
+        wanted += [("vf" if p.resource == cfg.resources.vf else p.resource,
+                    cfg.vf_plugin and "vf" not in dra, p.selectors) for p in cfg.pools]
+        wanted.append(("pf", cfg.pf_plugin and "pf" not in dra, cfg.pf_pool))
         return {kind: offered_devices(self.topology, kind, pool=pool, facts=facts, routed=routed)
                 for kind, on, pool in wanted if on}
 
     async def start(self) -> None:
+        if self.config.mode == MODE_DRA and self.kube is None:
+            raise ConfigError("mode", "DRA mode needs cluster mode: ResourceSlices and claims "
+                                      "are on the API server")
         if self._api_pods is not None:  # first: an unreadable pods source stops the start
             await self._api_pods.start()
         self._topology = self._discover()
@@ -300,6 +324,8 @@ class Agent:
         ]
         await self._start_cni()
         await self._serve_metrics()
+        if self.config.mode == MODE_DRA:
+            await self._start_dra()
         if self.kube is not None:
             if not await self.publish_topology():
                 self._report.set()  # the loop tries again
@@ -308,8 +334,10 @@ class Agent:
                 self.topology, {d.pci_address: d.reason for d in found})
             self._raise_health_events()
             self._tasks.append(asyncio.create_task(self._publish_loop(), name="publish"))
-            # Once, beside the loops (it ends: `_tasks` are loops that never should).
-            self._dra_task = asyncio.create_task(self.look_for_dra(), name="dra")
+            # Once, beside the loops (it ends: `_tasks` are loops that never should). In DRA
+            # mode other drivers' GPUs are expected: claims pair them (decision 0109).
+            if self.config.mode != MODE_DRA:
+                self._dra_task = asyncio.create_task(self.look_for_dra(), name="dra")
         self._verify_task = asyncio.create_task(self._check_at_start())  # what a crash lost
 
     async def stop(self) -> None:
@@ -343,6 +371,10 @@ class Agent:
 
         for kind, ep in self.endpoints.items():
             await part(f"{kind} plugin endpoint", ep.stop)
+        if self.dra is not None:
+            # Our slices stay: a restart publishes them again well inside the 30 s after
+            # which kubelet deletes them itself.
+            await part("DRA plugin", self.dra.stop)
         if self.metrics_server is not None:
             await part("metrics server", self.metrics_server.stop)
         await part("state store", self.store.close)
@@ -459,6 +491,8 @@ class Agent:
         self.unhealthy = bad
         for dl in self.lists.values():
             await dl.update(unhealthy=frozenset(bad))
+        if self.dra is not None and await self.dra.health.update(bad.keys()):
+            self._slices_due.set()  # the taints follow the health stream
         self._raise_health_events()  # after kubelet's lists: an Event is never in their way
 
     def _raise_health_events(self) -> None:
@@ -499,6 +533,75 @@ class Agent:
                 await self._scan_health()
             except Exception:
                 log.exception("health scan failed")
+
+    # ------------------------------------------------------------------ DRA mode
+
+    async def _start_dra(self) -> None:
+        """Our slices built once (a node the API server would refuse stops the start), the
+        DRA plugin served and registered, and the slice publisher started."""
+        from railyard.kubelet.dra_plugin import DraPlugin
+        from railyard.kubelet.dra_prepare import api_preparer
+
+        assert self.kube is not None
+        kube, node = self.kube, self.options.node_name
+        self.wanted_slices()  # raises SliceLimitError now rather than in the loop
+        preparer = api_preparer(self.topology, self.store, kube,
+                                state_dir=self.options.state_dir, cdi_dir=self.config.dra.cdi_dir,
+                                names=self.config.resources, pair_map=self.config.pair_map,
+                                slices=lambda: node_slices(kube, node))
+        self.dra = DraPlugin(preparer, self.paths)
+        await self.dra.health.update(self.unhealthy.keys())
+        await self.dra.start()
+        self._slices_due.set()
+        self._tasks.append(asyncio.create_task(self._slices_loop(), name="slices"))
+        log.info("DRA mode: driver %s, %d devices in %d ResourceSlices", preparer.driver,
+                 sum(len(s["spec"].get("devices", [])) for s in self.wanted_slices()),
+                 len(self.wanted_slices()))
+
+    def wanted_slices(self) -> list[dict]:
+        return build_slices(self.topology, frozenset(self.unhealthy),
+                            publish_gpus=self.config.dra.publish_gpus)
+
+    async def publish_own_slices(self) -> bool:
+        """Our slices made what the node has now; False when the API server was not written."""
+        assert self.kube is not None
+        try:
+            outcome = await publish_slices(self.kube, self.options.node_name,
+                                           self.wanted_slices())
+        except (ApiError, ApiUnavailable) as e:
+            log.warning("ResourceSlices of %s not published: %s", self.options.node_name, e)
+            return False
+        if outcome is not SlicesPublished.UNCHANGED:
+            log.info("ResourceSlices of %s %s (%d unhealthy devices)",
+                     self.options.node_name, outcome.value, len(self.unhealthy))
+        self.slices_published = outcome
+        return True
+
+    async def _slices_loop(self) -> None:
+        """Publish when due: at start, on a health change, when kubelet registers the plugin
+        again (a kubelet restart), and every SLICES_RESYNC_S (kubelet wipes them 30 s after
+        our plugin stopped answering; an agent down that long finds them gone)."""
+        assert self.dra is not None
+        registered = self.dra.registration.registered
+        while True:
+            waits = [asyncio.ensure_future(self._slices_due.wait()),
+                     asyncio.ensure_future(registered.wait())]
+            try:
+                await asyncio.wait(waits, timeout=SLICES_RESYNC_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            self._slices_due.clear()
+            registered.clear()  # set again by kubelet's next registration
+            try:
+                ok = await self.publish_own_slices()
+            except Exception:
+                log.exception("ResourceSlices publication failed")
+                ok = False
+            if not ok:
+                self._slices_due.set()
+                await asyncio.sleep(SLICES_RETRY_S)
 
     # ------------------------------------------------------------------ after Allocate
 

@@ -23,6 +23,10 @@ Example (JSON or YAML):
     # Koordinator interop, each off unless set (docs/decisions/0095): publish the node's
     # Device CR; believe Koordinator's device-allocated on a pod without a Railyard record.
     koordinator: {publishDevices: true, honourDeviceAllocated: true}
+    # extender (default: device plugins, the extender decides) or dra (the agent publishes
+    # ResourceSlices and serves kubelet's DRA plugin; docs/dra.md); --mode overrides it.
+    mode: dra
+    dra: {publishGpus: true, cdiDir: /var/run/cdi}   # GPUs in the slices too (no GPU driver)
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from railyard.allocation.names import DEFAULT_RESOURCES, ResourceNames
+from railyard.kubelet.dra_cdi import CDI_DIR
 from railyard.kubelet.pairmap import DEFAULT_PAIR_MAP, PairMapOptions
 from railyard.kubelet.selectors import PfName, Selector
 from railyard.node.ifnames import IFNAME_SCHEMES, ifname_problem
@@ -78,6 +83,20 @@ class KoordinatorOptions:
     honour_device_allocated: bool = False
 
 
+# How the node serves its devices (issue 29): through device plugins and the extender's
+# decisions, or as the DRA driver railyard.dev (ResourceSlices, kubelet's DRA plugin).
+MODE_EXTENDER, MODE_DRA = "extender", "dra"
+MODES = (MODE_EXTENDER, MODE_DRA)
+
+
+@dataclass(frozen=True, slots=True)
+class DraOptions:
+    """DRA mode's settings (decision 0111)."""
+
+    publish_gpus: bool = False  # the GPUs in our slices too, for clusters without a GPU driver
+    cdi_dir: str = CDI_DIR  # where containerd (or CRI-O) reads CDI specs
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     resources: ResourceNames = DEFAULT_RESOURCES
@@ -98,6 +117,16 @@ class AgentConfig:
     # device to rail, or the `pci-order` scheme; None: rails not known.
     rails: Mapping[str, int] | RailScheme | None = None
     koordinator: KoordinatorOptions = KoordinatorOptions()
+    mode: str = MODE_EXTENDER
+    dra: DraOptions = DraOptions()
+
+    @property
+    def dra_kinds(self) -> frozenset[str]:
+        """The kinds DRA serves in DRA mode (no device plugin for them): VFs and PFs, and the
+        GPUs when they are published; none in extender mode."""
+        if self.mode != MODE_DRA:
+            return frozenset()
+        return frozenset({"vf", "pf", *(("gpu",) if self.dra.publish_gpus else ())})
 
     @property
     def pools(self) -> tuple[VfPool, ...]:
@@ -210,7 +239,7 @@ def config_from_dict(d: Any) -> AgentConfig:
     f = Fields(d, "", ConfigError)
     f.only(("resources", "gpuPlugin", "vfPlugin", "pfPlugin", "pools", "vfPools",
             "devinfoDir", "cniDevinfoDir", "healthIntervalS", "verifyDelayS", "pairMap",
-            "rails", "koordinator"))
+            "rails", "koordinator", "mode", "dra"))
     res = f.object("resources", optional=True)
     res.only(("gpu", "vf", "pf"))
     names = {}
@@ -257,7 +286,16 @@ def config_from_dict(d: Any) -> AgentConfig:
         pair_map=_pair_map(f.object("pairMap", optional=True)),
         rails=parse_rails(f),
         koordinator=_koordinator(f.object("koordinator", optional=True)),
+        mode=f.one_of("mode", MODES) if "mode" in f else MODE_EXTENDER,
+        dra=_dra(f.object("dra", optional=True)),
     )
+
+
+def _dra(f: Fields) -> DraOptions:
+    f.only(("publishGpus", "cdiDir"))
+    return DraOptions(publish_gpus=f.boolean("publishGpus", False),
+                      cdi_dir=f.string("cdiDir", nonempty=True, default=CDI_DIR,
+                                       what="a folder path"))
 
 
 def _koordinator(f: Fields) -> KoordinatorOptions:

@@ -1,4 +1,5 @@
-"""`railyard agent`: the node agent (device plugins, state store, optional CNI service).
+"""`railyard agent`: the node agent (device plugins or the DRA driver, state store, optional
+CNI service).
 
 Runs until SIGTERM or SIGINT. Imports stay inside the command so `railyard --help` is fast.
 """
@@ -61,17 +62,28 @@ def agent(
         help="Cluster mode: the extender's Ed25519 public key (PEM; repeat while rotating). "
              "Given: only records signed for their pod are believed (needs "
              "--signing-key-file); not given: every record is trusted.")] = None,
+    mode: Annotated[str | None, typer.Option(
+        "--mode", metavar="extender|dra",
+        help="extender (the default): device plugins serve the GPUs, VFs and PFs, steered to "
+             "the extender's pairing. dra: the agent is the DRA driver railyard.dev: it "
+             "publishes this node's ResourceSlices (every RDMA VF and whole PF, the GPUs with "
+             "the config's dra.publishGpus), serves kubelet's DRA plugin, and registers no "
+             "device plugin for what DRA serves; the CNI service, metrics and clean-up stay. "
+             "Needs cluster mode. Overrides the config file's `mode` (docs/dra.md).")
+    ] = None,
     log_level: Annotated[str, typer.Option(
         "--log-level", metavar="LEVEL",
         help="debug, info, warning or error.")] = "info",
 ) -> None:
-    """Serve RDMA VFs, PFs and GPUs to kubelet, steered to the recorded pairing."""
+    """Serve RDMA VFs, PFs and GPUs to kubelet: as device plugins steered to the recorded
+    pairing (--mode extender), or as the DRA driver railyard.dev (--mode dra)."""
     import asyncio
+    import dataclasses
     import logging
     import signal
 
     from railyard.agent.agent import Agent, AgentOptions, run_until_stopped
-    from railyard.agent.config import ConfigError, load_config
+    from railyard.agent.config import MODES, ConfigError, load_config
     from railyard.cli.scheduler import parse_listen
     from railyard.cli.source import sysfs_tree
     from railyard.discovery.sysfs import SysfsError
@@ -82,6 +94,7 @@ def agent(
     from railyard.kubelet.pods import PodsFile
     from railyard.node.errors import StateError
     from railyard.node.keys import load_public_key, node_signing_key
+    from railyard.records.dra_slices import SliceLimitError
     from railyard.records.signature import SignatureKeyError
 
     level = getattr(logging, log_level.upper(), None)
@@ -91,6 +104,8 @@ def agent(
     if pods_file is not None and kubeconfig is not None:
         fail("--pods-file and --kubeconfig: give one (the pods come from one source)")
     check_kube_limits(kube_qps, kube_burst)
+    if mode is not None and mode not in MODES:
+        fail(f"--mode: expected {' or '.join(MODES)}, got {mode!r}")
     sysfs_root = sysfs_tree(sysfs_root)
     if pods_file is not None and (signing_key_file or extender_public_key_file):
         fail("--signing-key-file and --extender-public-key-file need cluster mode (with "
@@ -111,6 +126,11 @@ def agent(
         fail(str(e))
     try:
         cfg = load_config(config)
+        if mode is not None:
+            cfg = dataclasses.replace(cfg, mode=mode)
+        if cfg.mode == "dra" and pods_file is not None:
+            fail("--mode dra needs cluster mode (--kubeconfig or in-cluster): the "
+                 "ResourceSlices and claims are on the API server, not in --pods-file")
         kube = None
         if pods_file is None:
             try:
@@ -142,5 +162,7 @@ def agent(
         fail(str(e))
     except PodSourceError as e:
         fail(f"cannot read this node's pods: {e}", code=1)
+    except SliceLimitError as e:
+        fail(f"this node's ResourceSlices: {e}", code=1)
     except (SysfsError, StateError, PluginError, OSError) as e:
         fail(str(e), code=1)

@@ -1,0 +1,97 @@
+"""The agent's DRA mode (decision 0111): `mode` and `dra` in the config file, `--mode` on the
+command line, no device plugin for the kinds DRA serves, and cluster mode required. The mode
+at work (slices published, the DRA plugin registered, a restart) is on the box:
+tests/box/test_dra_kubelet_box.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from railyard.agent.agent import Agent, AgentOptions
+from railyard.agent.config import (
+    MODE_DRA,
+    MODE_EXTENDER,
+    AgentConfig,
+    ConfigError,
+    DraOptions,
+    config_from_dict,
+)
+from railyard.kubelet.pods import PodsFile
+from support.agent import NODE, async_test, make_tree, write_pods
+
+CMD = [sys.executable, "-m", "railyard.cli.main", "agent"]
+
+
+def test_the_mode_is_extender_unless_the_config_says_dra():
+    assert config_from_dict({}).mode == MODE_EXTENDER
+    cfg = config_from_dict({"mode": "dra", "dra": {"publishGpus": True,
+                                                   "cdiDir": "/etc/cdi"}})
+    assert cfg.mode == MODE_DRA
+    assert cfg.dra == DraOptions(publish_gpus=True, cdi_dir="/etc/cdi")
+    assert config_from_dict({"mode": "dra"}).dra == DraOptions(False, "/var/run/cdi")
+
+
+@pytest.mark.parametrize(("doc", "field"), [({"mode": "kubelet"}, "mode"),
+                                            ({"dra": {"publishGPUs": True}}, "dra"),
+                                            ({"dra": {"publishGpus": "yes"}}, "publishGpus")])
+def test_a_bad_mode_or_dra_setting_is_refused_by_name(doc, field):
+    with pytest.raises(ConfigError, match=field):
+        config_from_dict(doc)
+
+
+def test_dra_serves_vfs_and_pfs_and_the_gpus_only_when_it_publishes_them():
+    assert AgentConfig().dra_kinds == frozenset()
+    assert AgentConfig(mode=MODE_DRA).dra_kinds == {"vf", "pf"}
+    assert AgentConfig(mode=MODE_DRA, dra=DraOptions(publish_gpus=True)).dra_kinds == {
+        "vf", "pf", "gpu"}
+
+
+def inventory_kinds(tmp_path, config: AgentConfig) -> set[str]:
+    tree = make_tree(tmp_path / "root")
+    write_pods(tmp_path / "pods.json", [])
+    agent = Agent(AgentOptions(node_name=NODE, sysfs_root=str(tree),
+                               state_dir=str(tmp_path / "state")),
+                  PodsFile(tmp_path / "pods.json", config.resources), config)
+    agent._topology = agent._discover()
+    return set(agent._inventory(agent.probe.facts(agent.topology)))
+
+
+def test_in_dra_mode_no_device_plugin_serves_what_dra_serves(tmp_path):
+    assert inventory_kinds(tmp_path / "e", AgentConfig()) == {"gpu", "vf", "pf"}
+    assert inventory_kinds(tmp_path / "d", AgentConfig(mode=MODE_DRA)) == {"gpu"}
+    assert inventory_kinds(tmp_path / "g", AgentConfig(
+        mode=MODE_DRA, dra=DraOptions(publish_gpus=True))) == set()
+
+
+@async_test
+async def test_dra_mode_without_an_api_server_stops_the_start(tmp_path):
+    write_pods(tmp_path / "pods.json", [])
+    agent = Agent(AgentOptions(node_name=NODE, state_dir=str(tmp_path / "state")),
+                  PodsFile(tmp_path / "pods.json", AgentConfig().resources),
+                  AgentConfig(mode=MODE_DRA))
+    with pytest.raises(ConfigError, match="DRA mode needs cluster mode"):
+        await agent.start()
+    assert agent.dra is None and agent.endpoints == {}
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--mode", "dra"], "--mode dra needs cluster mode"),
+    (["--mode", "kubelet"], "--mode: expected extender or dra, got 'kubelet'")])
+def test_the_command_refuses_dra_mode_on_a_pods_file_and_an_unknown_mode(tmp_path, args, said):
+    write_pods(tmp_path / "pods.json", [])
+    r = subprocess.run([*CMD, "--node-name", "n", "--pods-file", str(tmp_path / "pods.json"),
+                        "--state-dir", str(tmp_path / "s"), *args],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert said in r.stderr
+
+
+def test_the_help_explains_both_modes():
+    r = subprocess.run([*CMD, "--help"], capture_output=True, text=True, timeout=60,
+                       env={"COLUMNS": "200", "PATH": ""})
+    text = " ".join(r.stdout.split())
+    assert "--mode" in text and "DRA driver railyard.dev" in text
+    assert "registers no device plugin for what DRA serves" in text
