@@ -34,6 +34,13 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "railyard.service" -}}{{ include "railyard.fullname" . }}-scheduler{{- end -}}
 
 {{/* The agent config file (docs/agent.md, "Config file"). */}}
+{{- define "railyard.agentMode" -}}
+{{- if not (has .Values.agent.mode (list "extender" "dra")) -}}
+{{- fail (printf "agent.mode: expected extender or dra, got %v" .Values.agent.mode) -}}
+{{- end -}}
+{{- .Values.agent.mode -}}
+{{- end -}}
+
 {{- define "railyard.agentConfig" -}}
 resources:
   gpu: {{ .Values.agent.resources.gpu }}
@@ -64,6 +71,12 @@ rails: {{ . | quote }}
 rails:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- end }}
+{{- if eq .Values.agent.mode "dra" }}
+mode: dra
+dra:
+  publishGpus: {{ .Values.dra.publishGpus }}
+  cdiDir: {{ .Values.dra.cdiDir }}
 {{- end }}
 devinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/dp
 cniDevinfoDir: {{ .Values.agent.hostPaths.devinfoDir }}/cni
