@@ -8,8 +8,8 @@ on distinct PFs; a claim for more pairs than the node has stays Pending with the
 reason; and on a node built to show it, the NIC-first request order finds the switch-level
 pair that a GPU-first order misses (decision 0112).
 
-The slices are written here with `records.dra_names`' attributes, as the agent's publisher
-will write them.
+The dgx-h100 nodes' slices and the DeviceClasses are what the agent publishes
+(`records.dra_slices`); the trap node's slice is written by hand with the same attribute names.
 """
 
 from __future__ import annotations
@@ -27,15 +27,14 @@ from railyard.records.dra_names import (
     DRIVER,
     KIND,
     KIND_GPU,
-    KIND_PF,
     KIND_VF,
     NUMA_NODE,
     PCIE_ROOT,
     PCIE_SWITCH,
     PF,
-    device_class,
     device_name,
 )
+from railyard.records.dra_slices import device_classes, node_slices
 from railyard.topology.model import Distance, NodeTopology
 from support.box import get, kubebox, namespace, pod, running_box, wait_for
 
@@ -52,15 +51,15 @@ def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         topology = dgx_topology()
         box.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "List",
-            "items": [*device_classes(), node_slice(DGX, slice_devices(topology)),
+            "items": [*device_classes(), *node_slices(topology, publish_gpus=True),
                       node_slice(TRAP, trap_devices()),
-                      node_slice(SPARE, slice_devices(topology))]}))
+                      *node_slices(dgx_topology(SPARE), publish_gpus=True)]}))
         yield box
 
 
-def dgx_topology() -> NodeTopology:
+def dgx_topology(node: str = DGX) -> NodeTopology:
     t = build_topology(PROFILES["dgx-h100"], 2)
-    return type(t)(DGX, t.numa_nodes, t.gpus, t.nics, t.distance)
+    return type(t)(node, t.numa_nodes, t.gpus, t.nics, t.distance)
 
 
 def attrs(kind: str, switch: str | None, root: str, numa: int | None,
@@ -75,18 +74,6 @@ def attrs(kind: str, switch: str | None, root: str, numa: int | None,
     return a
 
 
-def slice_devices(t: NodeTopology) -> list[dict]:
-    """The node's GPUs and RDMA VFs with the attributes the publisher gives them."""
-    out = [{"name": device_name(g.pci_address),
-            "attributes": attrs(KIND_GPU, g.switch, g.pcie_root, g.numa_node)}
-           for g in t.gpus]
-    out += [{"name": device_name(v.pci_address),
-             "attributes": attrs(KIND_VF, n.switch, n.pcie_root, n.numa_node,
-                                 device_name(n.pci_address))}
-            for n in t.nics if n.total_vfs for v in n.vfs]
-    return out
-
-
 def trap_devices() -> list[dict]:
     """GPU a (switch s1, root r0) first, GPU b (switch s2, root r1); VF y (switch s3, root r0)
     before VF x (switch s2, root r1). The only switch-level pair is b-x; a-y is root-level."""
@@ -94,15 +81,6 @@ def trap_devices() -> list[dict]:
             {"name": "gpu-b", "attributes": attrs(KIND_GPU, "s2", "pci0000:80", 0)},
             {"name": "vf-y", "attributes": attrs(KIND_VF, "s3", "pci0000:00", 0, "pf-y")},
             {"name": "vf-x", "attributes": attrs(KIND_VF, "s2", "pci0000:80", 0, "pf-x")}]
-
-
-def device_classes() -> list[dict]:
-    return [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-             "metadata": {"name": device_class(kind)},
-             "spec": {"selectors": [{"cel": {"expression":
-                 f'device.driver == "{DRIVER}" && '
-                 f'device.attributes["{DRIVER}"].{KIND} == "{kind}"'}}]}}
-            for kind in (KIND_GPU, KIND_VF, KIND_PF)]
 
 
 def node_slice(node: str, devices: list[dict]) -> dict:
@@ -210,7 +188,8 @@ def test_kube_scheduler_allocates_two_pairs_each_under_one_switch_on_distinct_pf
     got = results(claim)
     # Request order, the switch subrequest chosen for both NICs: the tightest level first.
     assert [r for r, _ in got] == ["nic-0/switch", "gpu-0", "nic-1/switch", "gpu-1"]
-    by_name = {d["name"]: d["attributes"] for d in slice_devices(dgx_topology())}
+    by_name = {d["name"]: d["attributes"] for s in node_slices(dgx_topology(), publish_gpus=True)
+               for d in s["spec"].get("devices", [])}
     for k in range(2):
         nic, gpu = by_name[got[2 * k][1]], by_name[got[2 * k + 1][1]]
         assert nic[PCIE_SWITCH] == gpu[PCIE_SWITCH], (k, nic, gpu)

@@ -50,3 +50,15 @@ def test_help_shows_an_example():
     r = railyard("dra", "claim-template", "--help")
     assert r.returncode == 0
     assert "railyard dra claim-template --pairs 2 --name" in " ".join(r.stdout.split())
+
+
+def test_device_classes_prints_the_three_classes_the_templates_name():
+    r = railyard("dra", "device-classes")
+    assert r.returncode == 0, r.stderr
+    doc = yaml.safe_load(r.stdout)
+    assert doc["kind"] == "List"
+    assert [c["metadata"]["name"] for c in doc["items"]] == [
+        "railyard-gpu", "railyard-vf", "railyard-pf"]
+    classes = {r["exactly"]["deviceClassName"] for r in claim_template(
+        PairRequest("t", 1, level="switch"))["spec"]["spec"]["devices"]["requests"]}
+    assert classes <= {c["metadata"]["name"] for c in doc["items"]}

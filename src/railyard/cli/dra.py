@@ -91,3 +91,15 @@ def _print(doc: object, output: Output) -> None:
         import yaml
 
         print(yaml.safe_dump(doc, sort_keys=False), end="")
+
+
+@dra_app.command("device-classes")
+def device_classes(
+    output: Annotated[Output, typer.Option(
+        "--output", "-o", help="yaml or json.")] = Output.yaml,
+) -> None:
+    """Print the DeviceClasses railyard-gpu, railyard-vf and railyard-pf the claim templates
+    name (the chart installs them; `| kubectl apply -f -` without it)."""
+    from railyard.records.dra_slices import device_classes as build
+
+    _print({"apiVersion": "v1", "kind": "List", "items": build()}, output)
