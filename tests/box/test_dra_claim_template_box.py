@@ -5,7 +5,8 @@ the limit the command computes. kube-scheduler's DRA allocator allocates a pod's
 `--pairs 2` template against a ResourceSlice of a dgx-h100 on a kwok node (allocation is
 kube-scheduler's alone, no kubelet takes part), each pair's GPU and VF under one PCIe switch
 on distinct PFs; a claim for more pairs than the node has stays Pending with the scheduler's
-reason; and on a node built to show it, the NIC-first request order finds the switch-level
+reason; `--gpus nvidia` pairs our VFs with GPUs in NVIDIA's GPU DRA driver's slice form by
+pcieRoot; and on a node built to show it, the NIC-first request order finds the switch-level
 pair that a GPU-first order misses (decision 0112).
 
 The dgx-h100 nodes' slices and the DeviceClasses are what the agent publishes
@@ -22,13 +23,16 @@ import pytest
 
 from railyard.discovery.profiles import PROFILES, build_topology
 from railyard.kubelet.dra_claim import ClaimRef, DeviceNames, claim_to_allocation, read_claim
+from railyard.kubelet.dra_prepare import slice_gpus
 from railyard.kubelet.pairing import DeviceIndex
+from railyard.records.dra_claims import NVIDIA_GPU_CLASS
 from railyard.records.dra_names import (
     DRIVER,
     KIND,
     KIND_GPU,
     KIND_VF,
     NUMA_NODE,
+    PCI_BUS_ID,
     PCIE_ROOT,
     PCIE_SWITCH,
     PF,
@@ -43,17 +47,19 @@ pytestmark = [pytest.mark.root, pytest.mark.box]
 DGX = "kwok-node-0"  # a dgx-h100, 2 VFs per compute PF
 TRAP = "kwok-node-1"  # two GPUs, two VFs: first-fit's trap (see test_nic_first_...)
 SPARE = "kwok-node-2"  # another dgx-h100, for the claims that ask it all
+NVIDIA = "kwok-node-3"  # a dgx-h100 whose GPUs NVIDIA's GPU DRA driver publishes
 
 
 @pytest.fixture(scope="module")
 def box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    with running_box(tmp_path_factory.mktemp("dra-template-box"), kwok_nodes=3) as box:
+    with running_box(tmp_path_factory.mktemp("dra-template-box"), kwok_nodes=4) as box:
         topology = dgx_topology()
         box.kubectl("apply", "-f", "-", input=json.dumps({
             "apiVersion": "v1", "kind": "List",
             "items": [*device_classes(), *node_slices(topology, publish_gpus=True),
                       node_slice(TRAP, trap_devices()),
-                      *node_slices(dgx_topology(SPARE), publish_gpus=True)]}))
+                      *node_slices(dgx_topology(SPARE), publish_gpus=True),
+                      *node_slices(dgx_topology(NVIDIA)), *nvidia_objects(dgx_topology(NVIDIA))]}))
         yield box
 
 
@@ -81,6 +87,30 @@ def trap_devices() -> list[dict]:
             {"name": "gpu-b", "attributes": attrs(KIND_GPU, "s2", "pci0000:80", 0)},
             {"name": "vf-y", "attributes": attrs(KIND_VF, "s3", "pci0000:00", 0, "pf-y")},
             {"name": "vf-x", "attributes": attrs(KIND_VF, "s2", "pci0000:80", 0, "pf-x")}]
+
+
+def nvidia_objects(t: NodeTopology) -> list[dict]:
+    """NVIDIA's GPU DRA driver's DeviceClass (as its chart writes it) and a slice of the node's
+    GPUs in its form: `gpu-<index>`, its own attributes unqualified, the standard pciBusID,
+    pcieRoot and numaNode."""
+    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+           "metadata": {"name": NVIDIA_GPU_CLASS},
+           "spec": {"selectors": [{"cel": {"expression":
+               "device.driver == 'gpu.nvidia.com' && "
+               "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
+    devices = [{"name": f"gpu-{i}", "attributes": {
+        "type": {"string": "gpu"}, "index": {"int": i},
+        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "uuid": {"string": f"GPU-00000000-0000-0000-0000-00000000000{i}"},
+        PCI_BUS_ID: {"string": g.pci_address}, PCIE_ROOT: {"string": g.pcie_root},
+        **({NUMA_NODE: {"int": g.numa_node}} if g.numa_node is not None else {})}}
+        for i, g in enumerate(t.gpus)]
+    slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+              "metadata": {"name": f"{t.node}-gpu-nvidia-com"},
+              "spec": {"driver": NVIDIA_GPU_CLASS, "nodeName": t.node,
+                       "pool": {"name": t.node, "generation": 1, "resourceSliceCount": 1},
+                       "devices": devices}}
+    return [cls, slice_]
 
 
 def node_slice(node: str, devices: list[dict]) -> dict:
@@ -282,3 +312,34 @@ def test_nic_first_order_finds_the_switch_pair_that_gpu_first_misses(box):
     start_pod(box, ns, "gpu-first", gpu_first, TRAP)
     assert results(allocated_claim(box, ns, "gpu-first")) == [
         ("gpu-0", "gpu-a"), ("nic-0/root", "vf-y")]
+
+
+def test_nvidia_gpus_pair_with_our_vfs_by_pcie_root(box):
+    ns = namespace(box)
+    start_pod(box, ns, "nv", cli_template("--pairs", "2", "--name", "nv", "--gpus", "nvidia",
+                                          "--level", "root"), NVIDIA)
+    claim = allocated_claim(box, ns, "nv")
+    got = claim["status"]["allocation"]["devices"]["results"]
+    assert [(r["request"], r["driver"]) for r in got] == [
+        ("nic-0/root", DRIVER), ("gpu-0", NVIDIA_GPU_CLASS),
+        ("nic-1/root", DRIVER), ("gpu-1", NVIDIA_GPU_CLASS)]
+    topology = dgx_topology(NVIDIA)
+    slices = [*node_slices(topology), nvidia_objects(topology)[1]]
+    attrs_of = {(s["spec"]["driver"], d["name"]): d["attributes"]
+                for s in slices for d in s["spec"].get("devices", [])}
+    for k in range(2):
+        nic, gpu = (attrs_of[(r["driver"], r["device"])] for r in got[2 * k:2 * k + 2])
+        assert nic[PCIE_ROOT] == gpu[PCIE_ROOT], (k, nic, gpu)
+
+    # The kubelet plugin's reading: NVIDIA's GPUs found by pciBusID, paired in order.
+    wait_for("kwok to run the pod", lambda: get(box, "pod", "nv", "-n", ns)
+             .get("status", {}).get("phase") == "Running", timeout=60)
+    claim = get(box, "resourceclaim", claim["metadata"]["name"], "-n", ns)
+    ref = ClaimRef(ns, claim["metadata"]["uid"], claim["metadata"]["name"])
+    alloc = claim_to_allocation(read_claim(claim, ref, NVIDIA), DeviceNames(DeviceIndex(
+        topology)), decided_at="t", other_gpu=slice_gpus(slices, topology))
+    gpu_pci = {d["name"]: d["attributes"][PCI_BUS_ID]["string"]
+               for d in nvidia_objects(topology)[1]["spec"]["devices"]}
+    assert [p.gpu.pci_address for p in alloc.pairs] == [gpu_pci[got[1]["device"]],
+                                                        gpu_pci[got[3]["device"]]]
+    assert all(p.distance <= Distance.PHB for p in alloc.pairs), alloc.pairs
