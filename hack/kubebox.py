@@ -558,6 +558,7 @@ class Box:
         multus: bool = False,
         agent_config: dict | None = None,
         node_helpers: dict[str, list[str]] | None = None,
+        dra: bool = False,
     ) -> None:
         self.layout = Layout.for_dir(folder)
         # More agent config (merged into the box's), and processes started on the node just
@@ -565,8 +566,11 @@ class Box:
         # vendor's device plugin: tests/support/nvidia_standin.py).
         self.agent_config = agent_config or {}
         self.node_helpers = node_helpers or {}
-        self.with_railyard = with_railyard or multus
+        self.with_railyard = with_railyard or multus or dra
         self.multus = multus
+        # The agent in DRA mode (issue 29): it publishes the node's ResourceSlices and serves
+        # kubelet's DRA plugin; the chart's DRA RBAC and DeviceClasses are applied.
+        self.dra = dra
         self.node_sysfs = node_tree(node_sysfs) / "sys" if node_sysfs is not None else None
         self.kwok_nodes = kwok_nodes
         self.scheduler_config = scheduler_config
@@ -1122,7 +1126,11 @@ state = "{lay.run_dir / 'containerd'}"
         self.kubectl("apply", "-f", str(REPO / "deploy/crds/nodetopologies.railyard.dev.yaml"))
         self.kubectl("wait", "--for", "condition=Established", "--timeout", "60s",
                      "crd/nodetopologies.railyard.dev")
-        self.kubectl("apply", "-f", "-", input=json.dumps(railyard_rbac()))
+        self.kubectl("apply", "-f", "-", input=json.dumps(railyard_rbac(dra=self.dra)))
+        if self.dra:
+            self.kubectl("apply", "-f", "-", input=json.dumps(
+                {"apiVersion": "v1", "kind": "List",
+                 "items": [d for d in chart_objects(dra=True) if d["kind"] == "DeviceClass"]}))
         listen = f"{self.layout.node_ip}:{EXTENDER_PORT}"
         self.start("railyard-scheduler", [
             *railyard_command(), "scheduler", "--listen", listen,
@@ -1141,8 +1149,10 @@ state = "{lay.run_dir / 'containerd'}"
         """The agent on the node: the real kubelet's device plugins and the CNI service."""
         assert self.node_sysfs is not None
         config = self.layout.dir / "config/railyard-agent.json"
+        dra = {"mode": "dra", "dra": {"publishGpus": True,
+                                      "cdiDir": str(self.layout.dir / "cdi")}} if self.dra else {}
         config.write_text(json.dumps({"cniDevinfoDir": str(self.layout.dir / "devinfo"),
-                                      **self.agent_config}))
+                                      **dra, **self.agent_config}))
         for name, argv in self.node_helpers.items():
             self.start(name, [a.format(sysfs_root=self.node_sysfs.parent) for a in argv],
                        on_node=True)
@@ -1152,7 +1162,20 @@ state = "{lay.run_dir / 'containerd'}"
             "--sysfs-root", str(self.node_sysfs.parent),
             "--state-dir", str(self.layout.dir / "railyard-state"),
             "--cni-socket", str(self.cni_socket), "--config", str(config),
+            *(["--mode", "dra"] if self.dra else []),
         ], on_node=True)
+
+        def published() -> bool:
+            listed = json.loads(self.kubectl(
+                "get", "resourceslices", "-o", "json", "--field-selector",
+                f"spec.nodeName={NODE_NAME},spec.driver=railyard.dev"))["items"]
+            return bool(listed) and len(listed) == listed[0]["spec"]["pool"][
+                "resourceSliceCount"]
+
+        if self.dra:
+            self.wait("railyard-agent", published, timeout=90)
+            say("railyard agent in DRA mode: the node's ResourceSlices published")
+            return
 
         def offered() -> bool:
             allocatable = json.loads(self.kubectl("get", "node", NODE_NAME, "-o", "json"))[
@@ -1279,14 +1302,32 @@ state = "{lay.run_dir / 'containerd'}"
         return found
 
 
-def railyard_rbac() -> dict:
-    """The chart's least-privilege roles (deploy/manifests/railyard.yaml, rendered from
-    deploy/chart/railyard; decision 0081), bound to the box's users instead of the chart's
-    ServiceAccounts: its ClusterRoles as they are, and the extender's Role (leader election,
-    decision 0074) in kube-system, where the box's extender keeps its Lease."""
+def chart_objects(*, dra: bool = False) -> list[dict]:
+    """The chart's objects: deploy/manifests/railyard.yaml (its default values), or with
+    `dra` rendered by the pinned helm with agent.mode=dra."""
+    import tempfile
+
     import yaml
 
-    rendered = [d for d in yaml.safe_load_all(CHART_MANIFESTS.read_text()) if d]
+    if not dra:
+        return [d for d in yaml.safe_load_all(CHART_MANIFESTS.read_text()) if d]
+    helm = build(("helm",))["helm"] / "helm"
+    with tempfile.TemporaryDirectory(prefix="box-helm-") as home:
+        env = {**os.environ, "HELM_CACHE_HOME": home, "HELM_CONFIG_HOME": home,
+               "HELM_DATA_HOME": home}
+        text = run([str(helm), "template", "railyard", str(REPO / "deploy/chart/railyard"),
+                    "--namespace", "railyard-system", "--set", "agent.mode=dra"],
+                   env=env).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def railyard_rbac(*, dra: bool = False) -> dict:
+    """The chart's least-privilege roles (deploy/manifests/railyard.yaml, rendered from
+    deploy/chart/railyard; decision 0081; with `dra`, agent.mode=dra's), bound to the box's
+    users instead of the chart's ServiceAccounts: its ClusterRoles as they are, and the
+    extender's Role (leader election, decision 0074) in kube-system, where the box's extender
+    keeps its Lease."""
+    rendered = chart_objects(dra=dra)
     items: list[dict] = []
 
     def grant(kind: str, user: str, namespace: str | None = None) -> None:
@@ -1448,6 +1489,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--multus", action="store_true",
                     help="with --with-railyard: Multus's thin plugin as the node's network, "
                     "Railyard's VFs through a NetworkAttachmentDefinition (Box.network_attachment)")
+    up.add_argument("--dra", action="store_true",
+                    help="with --with-railyard: the agent in DRA mode (it publishes the node's "
+                    "ResourceSlices of driver railyard.dev, GPUs included, and serves kubelet's "
+                    "DRA plugin; the DeviceClasses railyard-gpu/-vf/-pf applied; docs/dra.md)")
     down = commands.add_parser("down", help="stop a box and remove all it made")
     down.add_argument("--dir", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -1471,7 +1516,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--scheduler-config {args.scheduler_config}: no such file")
         box = Box(args.dir, node_sysfs=args.node_sysfs, kwok_nodes=args.kwok_nodes,
                   scheduler_config=args.scheduler_config, with_railyard=args.with_railyard,
-                  multus=args.multus)
+                  multus=args.multus, dra=args.dra)
         box.up()
         print(f"export PATH={box.layout.bin_dir}:$PATH")
         print(f"export KUBECONFIG={box.layout.admin_kubeconfig}")

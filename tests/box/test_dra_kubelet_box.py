@@ -1,34 +1,33 @@
-"""The DRA kubelet plugin on the box's real kubelet v1.36.3, kube-scheduler and containerd (CDI).
+"""Railyard as the DRA driver on the box's real kube-apiserver, kube-scheduler, kubelet v1.36.3
+and containerd (CDI): `hack/box up --with-railyard --dra`.
 
-Railyard's agent runs as usual (device plugins, the CNI service chained after the bridge); the
-DRA plugin runs here beside it on the same state folder, registered through kubelet's plugin
-watcher. A hand-written ResourceSlice of the node's GPUs and VFs (with a rail attribute) stands
-in for the agent's own slices: kube-scheduler allocates a two-pair claim from it, kubelet calls
+The agent runs in DRA mode (decision 0111): it publishes the node's ResourceSlices (GPUs, VFs
+and whole PFs, a PF exclusive of its own VFs by shared counters), registers its DRA plugin
+through kubelet's plugin watcher, and keeps its CNI service chained after the bridge.
+kube-scheduler allocates a two-pair claim from those slices, kubelet calls
 NodePrepareResources, containerd injects the claim's CDI spec, and railyard-cni moves exactly
-the claim's VFs into the pod in pair order. Deleting the pod unprepares the claim.
+the claim's VFs into the pod in pair order. Deleting the pod unprepares the claim. A PF and one
+of its own VFs cannot be had together, a claim for more pairs than the node has stays
+Pending, and after an agent restart the slices are back.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
 from railyard.discovery.discover import discover
-from railyard.kube.client import Client
-from railyard.kube.config import load_kubeconfig
 from railyard.kubelet.dra_cdi import CdiSpecs
-from railyard.kubelet.dra_plugin import DraPlugin
-from railyard.kubelet.dra_prepare import api_preparer
 from railyard.kubelet.dra_prepared import PreparedClaims
-from railyard.kubelet.plugin import KubeletPaths
 from railyard.node.state import StateStore
 from railyard.records.dra_names import DRIVER, device_name
+from railyard.records.dra_slices import node_slices
 from railyard.topology.model import NodeTopology
+from railyard.topology.rails import assign_rails
 from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
@@ -37,100 +36,56 @@ SHOW = ("env | sort; ip -o link; ls /dev/infiniband; "
         "echo '<pairs>'; cat /run/railyard/pairs.json; echo '</pairs>'")
 
 
-class PluginThread:
-    """The DRA plugin on an event loop of its own, as the agent would run it."""
+AGENT = "railyard-agent"
 
-    def __init__(self, box, topology: NodeTopology) -> None:
-        self.box = box
-        self.topology = topology
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.state_dir = str(box.layout.dir / "railyard-state")
-        self.cdi_dir = str(box.layout.dir / "cdi")
-        self.plugin: DraPlugin | None = None
-        self.client: Client | None = None
 
-    def start(self) -> None:
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(30)
+@dataclass(frozen=True)
+class Node:
+    """What the tests read of the node: its topology and the agent's folders."""
 
-    async def _start(self) -> None:
-        self.client = Client(load_kubeconfig(self.box.layout.admin_kubeconfig))
-        preparer = api_preparer(self.topology, StateStore(self.state_dir, kubebox.NODE_NAME),
-                                self.client, state_dir=self.state_dir, cdi_dir=self.cdi_dir)
-        self.plugin = DraPlugin(preparer, KubeletPaths(str(self.box.layout.kubelet_dir)))
-        await self.plugin.start()
-
-    def stop(self) -> None:
-        async def stop() -> None:
-            if self.plugin is not None:
-                await self.plugin.stop()
-            if self.client is not None:
-                await self.client.close()
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    topology: NodeTopology
+    state_dir: str
+    cdi_dir: str
 
 
 @pytest.fixture(scope="module")
-def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, PluginThread]]:
+def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Node]]:
     folder = tmp_path_factory.mktemp("dra-box")
     kubebox.run([*kubebox.railyard_command(), "fixture", "--profile", "dgx-h100",
                  "--vfs-per-pf", "2", str(folder / "node")])
-    topology = discover(folder / "node").topology
-    topology = type(topology)(kubebox.NODE_NAME, topology.numa_nodes, topology.gpus,
-                              topology.nics, topology.distance)
-    with running_box(folder / "box", node_sysfs=folder / "node" / "sys",
-                     with_railyard=True) as box:
-        plugin = PluginThread(box, topology)
-        plugin.start()
-        try:
-            wait_for("kubelet to register the DRA driver",
-                     lambda: plugin.plugin is not None
-                     and plugin.plugin.registration.registered.is_set(), timeout=60)
-            box.kubectl("apply", "-f", "-", input=json.dumps(cluster_objects(topology)))
-            yield box, plugin
-        finally:
-            plugin.stop()
-
-
-def cluster_objects(topology: NodeTopology) -> dict:
-    """A ResourceSlice of the node's GPUs and compute VFs, each with its rail, and a
-    DeviceClass for each kind."""
-    compute = [n for n in topology.nics if n.total_vfs]
-    devices = [{"name": device_name(g.pci_address), "attributes": {
-                   "kind": {"string": "gpu"}, "rail": {"int": i}}}
-               for i, g in enumerate(topology.gpus)]
+    topology = replace(discover(folder / "node").topology, node=kubebox.NODE_NAME)
     # Discovery cannot see cabling: compute NIC i (PCI order) is on rail i, under GPU i.
-    devices += [{"name": device_name(v.pci_address), "attributes": {
-                    "kind": {"string": "vf"}, "rail": {"int": i}}}
-                for i, n in enumerate(compute) for v in n.vfs]
-    classes = [{"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                "metadata": {"name": f"railyard-{kind}"},
-                "spec": {"selectors": [{"cel": {"expression":
-                    f'device.driver == "{DRIVER}" && '
-                    f'device.attributes["{DRIVER}"].kind == "{kind}"'}}]}}
-               for kind in ("gpu", "vf")]
-    slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-              "metadata": {"name": f"{kubebox.NODE_NAME}-railyard"},
-              "spec": {"driver": DRIVER, "nodeName": kubebox.NODE_NAME,
-                       "pool": {"name": kubebox.NODE_NAME, "generation": 1,
-                                "resourceSliceCount": 1},
-                       "devices": devices}}
-    return {"apiVersion": "v1", "kind": "List", "items": [*classes, slice_]}
+    rails = {n.pci_address: i for i, n in enumerate(n for n in topology.nics if n.total_vfs)}
+    topology = assign_rails(topology, rails)[0]
+    with running_box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
+                     dra=True, agent_config={"rails": rails}) as box:
+        wait_for("kubelet to register the DRA driver", lambda: registrations(box), timeout=60)
+        yield box, Node(topology, str(box.layout.dir / "railyard-state"),
+                        str(box.layout.dir / "cdi"))
 
 
-def two_pairs_template(rails: tuple[int, int]) -> dict:
-    """gpu-i with nic-i on one rail, per pair, as `claim-template --pairs 2` would ask."""
+def registrations(box) -> int:
+    """How often kubelet has registered the agent's DRA plugin (the agent's log says each)."""
+    log = Path(next(s.log for s in box.state.started if s.name == AGENT)).read_text()
+    return log.count(f"{DRIVER}: registered through the plugin watcher")
+
+
+def our_slices(box) -> list[dict]:
+    return get(box, "resourceslices", "--field-selector",
+               f"spec.nodeName={kubebox.NODE_NAME},spec.driver={DRIVER}")["items"]
+
+
+def two_pairs_template(rails: tuple[int, ...]) -> dict:
+    """Per pair gpu-i and nic-i (a VF on rail `rails[i]`) under one PCIe switch."""
     requests, constraints = [], []
     for i, rail in enumerate(rails):
-        for kind, request in (("gpu", f"gpu-{i}"), ("vf", f"nic-{i}")):
-            requests.append({"name": request, "exactly": {
-                "deviceClassName": f"railyard-{kind}",
-                "selectors": [{"cel": {"expression":
-                    f'device.attributes["{DRIVER}"].rail == {rail}'}}]}})
+        requests.append({"name": f"gpu-{i}", "exactly": {"deviceClassName": "railyard-gpu"}})
+        requests.append({"name": f"nic-{i}", "exactly": {
+            "deviceClassName": "railyard-vf",
+            "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].rail == {rail}'}}]}})
         constraints.append({"requests": [f"gpu-{i}", f"nic-{i}"],
-                            "matchAttribute": f"{DRIVER}/rail"})
+                            "matchAttribute": f"{DRIVER}/pcieSwitch"})
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": "two-pairs"},
             "spec": {"spec": {"devices": {"requests": requests, "constraints": constraints}}}}
@@ -159,10 +114,10 @@ def allocated_claim(box, ns: str) -> dict:
     return wait_for("kube-scheduler to allocate the claim", claim, timeout=60)
 
 
-def claim_vfs(plugin: PluginThread, claim: dict) -> list[tuple[int, object]]:
+def claim_vfs(node: Node, claim: dict) -> list[tuple[int, object]]:
     """The claim's VFs in result order, each with its rail (compute NIC index)."""
-    compute = [n for n in plugin.topology.nics if n.total_vfs]
-    by_name = {device_name(v.pci_address): (i, v) for i, n in enumerate(compute) for v in n.vfs}
+    by_name = {device_name(v.pci_address): (n.rail, v) for n in node.topology.nics
+               for v in n.vfs}
     return [by_name[r["device"]] for r in claim["status"]["allocation"]["devices"]["results"]
             if r["request"].startswith("nic")]
 
@@ -184,25 +139,25 @@ def pod_resources(box, ns: str, name: str) -> list[tuple[str, str, str, list[str
 
 
 def test_kubelet_registers_the_plugin_prepares_the_claim_and_unprepares_it(dra_box):
-    box, plugin = dra_box
+    box, node = dra_box
     ns = namespace(box)
     start_pod(box, ns, "train", (2, 5))
     claim = allocated_claim(box, ns)
     uid = claim["metadata"]["uid"]
     results = claim["status"]["allocation"]["devices"]["results"]
     assert [r["request"] for r in results] == ["gpu-0", "nic-0", "gpu-1", "nic-1"]
-    nics = claim_vfs(plugin, claim)
+    nics = claim_vfs(node, claim)
     assert [rail for rail, _ in nics] == [2, 5]  # each pair on its rail, as the template asks
     vfs = [v for _, v in nics]
 
     # kubelet called NodePrepareResources: the CDI spec containerd reads, and the pod's record.
-    cdi = CdiSpecs(plugin.cdi_dir).path(uid)
+    cdi = CdiSpecs(node.cdi_dir).path(uid)
     wait_for("kubelet to prepare the claim", cdi.exists, timeout=60)
     spec = json.loads(cdi.read_text())
     env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
     assert env["NCCL_IB_HCA"] == "=" + ",".join(f"{v.rdma_device}:1" for v in vfs)
     pod_uid = get(box, "pod", "train", "-n", ns)["metadata"]["uid"]
-    record = StateStore(plugin.state_dir, kubebox.NODE_NAME).get(pod_uid)
+    record = StateStore(node.state_dir, kubebox.NODE_NAME).get(pod_uid)
     assert record is not None
     assert [p.nic.pci_address for p in record.allocation.pairs] == [v.pci_address for v in vfs]
 
@@ -218,17 +173,17 @@ def test_kubelet_registers_the_plugin_prepares_the_claim_and_unprepares_it(dra_b
     # Deleted: kubelet unprepares the claim, and everything prepare made is gone.
     box.kubectl("delete", "pod", "train", "-n", ns, "--wait=true", "--timeout=120s")
     wait_for("the claim to be unprepared",
-             lambda: not cdi.exists() and PreparedClaims(plugin.state_dir).get(uid) is None,
+             lambda: not cdi.exists() and PreparedClaims(node.state_dir).get(uid) is None,
              timeout=90)
-    assert StateStore(plugin.state_dir, kubebox.NODE_NAME).get(pod_uid) is None
-    assert not (Path(plugin.state_dir) / "pairs" / pod_uid).exists()
+    assert StateStore(node.state_dir, kubebox.NODE_NAME).get(pod_uid) is None
+    assert not (Path(node.state_dir) / "pairs" / pod_uid).exists()
 
 
 def test_the_pod_runs_with_exactly_its_pairs_vfs_in_pair_order(dra_box):
-    box, plugin = dra_box
+    box, node = dra_box
     ns = namespace(box)
     start_pod(box, ns, "run", (0, 1))
-    vfs = [v for _, v in claim_vfs(plugin, allocated_claim(box, ns))]
+    vfs = [v for _, v in claim_vfs(node, allocated_claim(box, ns))]
 
     def finished() -> str:
         p = phase(box, ns, "run")
@@ -255,24 +210,140 @@ def test_a_kubelet_restart_with_a_prepared_claim_registers_again_and_unprepare_e
         dra_box):
     """Drill: kubelet restarts while a claim is prepared; its plugin watcher finds our
     registration socket again, and the pod's deletion still frees everything."""
-    box, plugin = dra_box
+    box, node = dra_box
     ns = namespace(box)
     start_pod(box, ns, "held", (3, 4))
     uid = allocated_claim(box, ns)["metadata"]["uid"]
-    cdi = CdiSpecs(plugin.cdi_dir).path(uid)
+    cdi = CdiSpecs(node.cdi_dir).path(uid)
     wait_for("kubelet to prepare the claim", cdi.exists, timeout=60)
     pod_uid = get(box, "pod", "held", "-n", ns)["metadata"]["uid"]
-    assert plugin.plugin is not None
-    registration = plugin.plugin.registration
-    plugin.loop.call_soon_threadsafe(registration.registered.clear)
+    before = registrations(box)
     box.restart("kubelet")
-    wait_for("kubelet to register the DRA driver again", registration.registered.is_set,
+    wait_for("kubelet to register the DRA driver again", lambda: registrations(box) > before,
              timeout=60)
     assert cdi.exists()  # a restart is no unprepare: the claim stays prepared
-    assert StateStore(plugin.state_dir, kubebox.NODE_NAME).get(pod_uid) is not None
+    assert StateStore(node.state_dir, kubebox.NODE_NAME).get(pod_uid) is not None
 
     box.kubectl("delete", "pod", "held", "-n", ns, "--wait=true", "--timeout=120s")
     wait_for("the claim to be unprepared",
-             lambda: not cdi.exists() and PreparedClaims(plugin.state_dir).get(uid) is None,
+             lambda: not cdi.exists() and PreparedClaims(node.state_dir).get(uid) is None,
              timeout=90)
-    assert StateStore(plugin.state_dir, kubebox.NODE_NAME).get(pod_uid) is None
+    assert StateStore(node.state_dir, kubebox.NODE_NAME).get(pod_uid) is None
+
+
+def test_the_api_server_keeps_the_agents_slices_counters_and_attributes_as_built(dra_box):
+    box, node = dra_box
+    stored = wait_for("the agent's slices", lambda: our_slices(box), timeout=60)
+    built = node_slices(node.topology, publish_gpus=True)
+    assert sorted(s["metadata"]["name"] for s in stored) == \
+        sorted(s["metadata"]["name"] for s in built)
+    generation = {s["spec"]["pool"]["generation"] for s in stored}
+    assert len(generation) == 1
+    # Nothing dropped: a feature gate that is off (partitionable devices, device taints)
+    # would make the API server drop its fields silently.
+    by_name = {s["metadata"]["name"]: s["spec"] for s in stored}
+    for b in built:
+        spec = by_name[b["metadata"]["name"]]
+        assert spec.get("sharedCounters") == b["spec"].get("sharedCounters")
+        assert [d["name"] for d in spec.get("devices", [])] == \
+            [d["name"] for d in b["spec"].get("devices", [])]
+        for d, want in zip(spec.get("devices", []), b["spec"].get("devices", []), strict=True):
+            assert d["attributes"] == want["attributes"]
+            assert d.get("consumesCounters") == want.get("consumesCounters")
+    assert all(s["metadata"]["ownerReferences"][0]["kind"] == "Node" for s in stored)
+
+
+def claim_pod(box, ns: str, name: str, requests: list[dict], constraints=()) -> None:
+    """A pod whose one claim comes from a template of `requests`."""
+    template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name},
+                "spec": {"spec": {"devices": {"requests": requests,
+                                              "constraints": list(constraints)}}}}
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
+    manifest = pod(name, ["sh", "-c", "sleep 3600"])
+    manifest["spec"]["resourceClaims"] = [{"name": "c", "resourceClaimTemplateName": name}]
+    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "c"}]}
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+
+
+def unschedulable(box, ns: str, name: str) -> str:
+    """kube-scheduler's message on a pod it could not place ("" while it has not said)."""
+    conditions = get(box, "pod", name, "-n", ns).get("status", {}).get("conditions", [])
+    return next((c.get("message", "") for c in conditions if c["type"] == "PodScheduled"
+                 and c["status"] == "False" and c.get("reason") == "Unschedulable"), "")
+
+
+def allocated_for(box, ns: str, name: str) -> list[str]:
+    """The devices kube-scheduler allocated to pod `name`'s claim ([] while none)."""
+    for c in get(box, "resourceclaims", "-n", ns)["items"]:
+        if any(o["name"] == name for o in c["metadata"].get("ownerReferences", [])):
+            allocation = c.get("status", {}).get("allocation")
+            return [r["device"] for r in allocation["devices"]["results"]] if allocation \
+                else []
+    return []
+
+
+def of_pf(kind: str, pf: str) -> dict:
+    return {"deviceClassName": f"railyard-{kind}", "selectors": [{"cel": {"expression":
+            f'device.attributes["{DRIVER}"].pf == "{pf}"'}}]}
+
+
+def test_a_pf_and_one_of_its_own_vfs_cannot_be_had_together(dra_box):
+    box, node = dra_box
+    ns = namespace(box)
+    nic = next(n for n in node.topology.nics if n.vfs)
+    pf = device_name(nic.pci_address)
+    claim_pod(box, ns, "both", [{"name": "pf", "exactly": of_pf("pf", pf)},
+                                {"name": "vf", "exactly": of_pf("vf", pf)}])
+    said = wait_for("kube-scheduler to give up on the PF with its own VF",
+                    lambda: unschedulable(box, ns, "both"), timeout=60)
+    assert "cannot allocate all claims" in said, said
+    # Either alone is allocatable: the counters, nothing else, kept them apart.
+    for kind in ("pf", "vf"):
+        claim_pod(box, ns, f"only-{kind}", [{"name": kind, "exactly": of_pf(kind, pf)}])
+        wait_for(f"the {kind} alone to be allocated",
+                 lambda kind=kind: allocated_for(box, ns, f"only-{kind}"), timeout=60)
+        box.kubectl("delete", "pod", f"only-{kind}", "-n", ns, "--wait=true",
+                    "--timeout=120s")
+    box.kubectl("delete", "pod", "both", "-n", ns, "--wait=false", check=False)
+
+
+def test_more_pairs_than_the_node_has_stay_pending_with_kube_schedulers_reason(dra_box):
+    box, node = dra_box
+    ns = namespace(box)
+    pairs = len(node.topology.gpus) + 1
+    # As counts, not one request per device: with 9 GPU and 9 VF requests of one device each
+    # kube-scheduler said nothing on the pod within a minute on the box (its allocator tries
+    # device after device per request, a search that large is our guess at why).
+    requests = [{"name": "gpus", "exactly": {"deviceClassName": "railyard-gpu",
+                                             "allocationMode": "ExactCount", "count": pairs}},
+                {"name": "nics", "exactly": {"deviceClassName": "railyard-vf",
+                                             "allocationMode": "ExactCount", "count": pairs}}]
+    claim_pod(box, ns, "greedy", requests)
+    said = wait_for("kube-scheduler to say why", lambda: unschedulable(box, ns, "greedy"),
+                    timeout=60)
+    assert "cannot allocate all claims" in said, said
+    assert phase(box, ns, "greedy") == "Pending"
+    box.kubectl("delete", "pod", "greedy", "-n", ns, "--wait=false", check=False)
+
+
+def test_after_an_agent_restart_the_slices_kubelet_wiped_are_back(dra_box):
+    box, node = dra_box
+    before = {s["metadata"]["name"]: s["spec"]["pool"]["generation"] for s in our_slices(box)}
+    assert before
+    # What kubelet does 30 s after the plugin stopped answering: our slices deleted.
+    box.kubectl("delete", "resourceslices", "--field-selector",
+                f"spec.nodeName={kubebox.NODE_NAME},spec.driver={DRIVER}")
+    assert our_slices(box) == []
+    registered = registrations(box)
+    box.restart(AGENT)
+    back = wait_for("the agent to publish its slices again", lambda: our_slices(box),
+                    timeout=90)
+    assert sorted(s["metadata"]["name"] for s in back) == sorted(before)
+    wait_for("kubelet to register the restarted agent's DRA plugin",
+             lambda: registrations(box) > registered, timeout=60)
+    # And they serve: a two-pair claim is allocated from them again.
+    ns = namespace(box)
+    start_pod(box, ns, "again", (6, 7))
+    assert [rail for rail, _ in claim_vfs(node, allocated_claim(box, ns))] == [6, 7]
+    box.kubectl("delete", "pod", "again", "-n", ns, "--wait=false", check=False)
