@@ -140,8 +140,9 @@ def claim_to_allocation(claim: ClaimAllocation, names: DeviceNames, *, decided_a
                         other_gpu: OtherGpu | None = None) -> Allocation:
     """The node's record of the claim: the k-th GPU paired with the k-th NIC, result order.
 
-    Results come in the claim's request order, so a template's requests `gpu-0, nic-0,
-    gpu-1, nic-1, …` pair as written. A device of ours this node does not have is refused
+    Results come in the claim's request order, so a template's requests pair as written,
+    pair by pair (`railyard dra claim-template` writes `nic-0, gpu-0, nic-1, gpu-1, …`;
+    decision 0112). A device of ours this node does not have is refused
     (the slice it came from is stale, or of another node); NICs beyond the GPUs stay
     unpaired, as do GPUs beyond the NICs.
     """
