@@ -46,6 +46,7 @@ class Node:
     topology: NodeTopology
     state_dir: str
     cdi_dir: str
+    sysfs: Path  # the fixture tree the agent discovers and health-scans
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, 
                      dra=True, agent_config={"rails": rails}) as box:
         wait_for("kubelet to register the DRA driver", lambda: registrations(box), timeout=60)
         yield box, Node(topology, str(box.layout.dir / "railyard-state"),
-                        str(box.layout.dir / "cdi"))
+                        str(box.layout.dir / "cdi"), folder / "node")
 
 
 def registrations(box) -> int:
@@ -347,3 +348,29 @@ def test_after_an_agent_restart_the_slices_kubelet_wiped_are_back(dra_box):
     start_pod(box, ns, "again", (6, 7))
     assert [rail for rail, _ in claim_vfs(node, allocated_claim(box, ns))] == [6, 7]
     box.kubectl("delete", "pod", "again", "-n", ns, "--wait=false", check=False)
+
+
+def taints(box) -> dict[str, list[dict]]:
+    return {d["name"]: d["taints"] for s in our_slices(box)
+            for d in s["spec"].get("devices", []) if d.get("taints")}
+
+
+def test_a_vf_whose_port_goes_down_is_tainted_in_the_slices_and_untainted_when_it_is_back(
+        dra_box):
+    box, node = dra_box
+    nic = next(n for n in node.topology.nics if n.vfs)
+    vf = nic.vfs[0]
+    state = (node.sysfs / "sys/bus/pci/devices" / vf.pci_address / "infiniband" /
+             str(vf.rdma_device) / "ports/1/state").resolve()
+    before = state.read_text()
+    assert taints(box) == {}
+    state.write_text("1: DOWN\n")
+    try:
+        found = wait_for("the agent to taint the VF", lambda: taints(box), timeout=60)
+        assert list(found) == [device_name(vf.pci_address)]
+        [taint] = found[device_name(vf.pci_address)]
+        assert (taint["key"], taint["effect"]) == ("railyard.dev/unhealthy", "NoSchedule")
+        assert taint.get("timeAdded")  # the API server kept the taint and stamped it
+    finally:
+        state.write_text(before)
+    wait_for("the taint to go", lambda: taints(box) == {}, timeout=60)

@@ -170,3 +170,29 @@ def test_slices_of_another_node_or_driver_are_refused_before_anything_is_written
     with pytest.raises(ValueError, match="node node-a only"):
         publish(server, other)
     assert server.objects == {}
+
+
+def test_a_taint_or_an_attribute_no_longer_written_is_a_change():
+    server = Server()
+    bad = {TOPO.nics[0].pci_address}
+    publish(server, node_slices(TOPO, bad))
+    assert publish(server, node_slices(TOPO)) is SlicesPublished.UPDATED  # healthy again
+    assert not any(d.get("taints") for o in server.objects.values()
+                   for d in o["spec"].get("devices", []))
+    unrailed = replace(TOPO, nics=tuple(replace(n, rail=None) for n in TOPO.nics))
+    assert publish(server, node_slices(unrailed)) is SlicesPublished.UPDATED
+    assert not any("rail" in d["attributes"] for o in server.objects.values()
+                   for d in o["spec"].get("devices", []))
+    assert publish(server, node_slices(unrailed)) is SlicesPublished.UNCHANGED
+
+
+def test_fields_the_server_adds_beside_ours_are_not_a_change():
+    server = Server()
+    publish(server, node_slices(TOPO))
+    for o in server.objects.values():  # a default the API server might fill in
+        o["spec"]["perDeviceNodeSelection"] = None
+        for d in o["spec"].get("devices", []):
+            d["allowMultipleAllocations"] = False
+    server.writes.clear()
+    assert publish(server, node_slices(TOPO)) is SlicesPublished.UNCHANGED
+    assert server.writes == []

@@ -80,12 +80,25 @@ async def own_slices(client: Client, node: str) -> list[dict[str, Any]]:
     return [i for i in items or () if isinstance(i, dict)]
 
 
-def _holds(stored: Any, wanted: Any) -> bool:
-    """`stored` says all `wanted` does: the server adds defaults and stamps (a taint's
-    `timeAdded`), so only what we write is compared; lists item by item, same length."""
+# Fields of ours whose absence says something (a taint gone, a counter no longer consumed),
+# and maps whose every key is ours (an attribute or a counter dropped): a stored one that we
+# no longer write is a change, not a server default.
+_OWN_FIELDS = frozenset({"devices", "sharedCounters", "attributes", "consumesCounters",
+                         "taints", "capacity"})
+_OWN_MAPS = frozenset({"attributes", "counters", "labels"})
+
+
+def _holds(stored: Any, wanted: Any, whole: bool = False) -> bool:
+    """`stored` says exactly what `wanted` does, where the server may add defaults and stamps
+    (a taint's `timeAdded`): only what we write is compared, but a field or map key of ours
+    that we no longer write (`_OWN_FIELDS`, `_OWN_MAPS`) differs; lists item by item."""
     if isinstance(wanted, dict):
-        return isinstance(stored, dict) and all(_holds(stored.get(k), v)
-                                                for k, v in wanted.items())
+        if not isinstance(stored, dict):
+            return False
+        extra = set(stored) - set(wanted)
+        if extra and (whole or extra & _OWN_FIELDS):
+            return False
+        return all(_holds(stored.get(k), v, k in _OWN_MAPS) for k, v in wanted.items())
     if isinstance(wanted, list):
         return isinstance(stored, list) and len(stored) == len(wanted) and all(
             _holds(s, w) for s, w in zip(stored, wanted, strict=True))
