@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from aiohttp import web
 
 from railyard.agent.agent import Agent, AgentOptions
 from railyard.agent.config import (
@@ -19,8 +20,13 @@ from railyard.agent.config import (
     DraOptions,
     config_from_dict,
 )
+from railyard.kube.client import Client
+from railyard.kube.config import KubeConfig
+from railyard.kube.resourceslices import SlicesPublished
 from railyard.kubelet.pods import PodsFile
-from support.agent import NODE, async_test, make_tree, write_pods
+from railyard.records.dra_names import device_name
+from support.agent import NODE, async_test, make_tree, topology, write_pods
+from support.http import serve_app
 
 CMD = [sys.executable, "-m", "railyard.cli.main", "agent"]
 
@@ -95,3 +101,72 @@ def test_the_help_explains_both_modes():
     text = " ".join(r.stdout.split())
     assert "--mode" in text and "DRA driver railyard.dev" in text
     assert "registers no device plugin for what DRA serves" in text
+
+
+class SliceApi:
+    """ResourceSlices (v1) and the Node over HTTP, as the agent's client speaks to them."""
+
+    def __init__(self) -> None:
+        self.slices: dict[str, dict] = {}
+        self.writes: list[tuple[str, str]] = []
+
+    async def list(self, request: web.Request) -> web.Response:
+        return web.json_response({"kind": "ResourceSliceList",
+                                  "items": list(self.slices.values())})
+
+    async def create(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        body["metadata"]["resourceVersion"] = "1"
+        self.slices[body["metadata"]["name"]] = body
+        self.writes.append(("POST", body["metadata"]["name"]))
+        return web.json_response(body, status=201)
+
+    async def update(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.slices[request.match_info["name"]] = body
+        self.writes.append(("PUT", request.match_info["name"]))
+        return web.json_response(body)
+
+    async def node(self, request: web.Request) -> web.Response:
+        return web.json_response({"metadata": {"name": NODE, "uid": "node-uid"}})
+
+
+@async_test
+async def test_the_agent_publishes_its_slices_with_gpus_as_configured_and_taints_the_sick(
+        tmp_path):
+    api = SliceApi()
+    app = web.Application()
+    app.router.add_get("/apis/resource.k8s.io/v1/resourceslices", api.list)
+    app.router.add_post("/apis/resource.k8s.io/v1/resourceslices", api.create)
+    app.router.add_put("/apis/resource.k8s.io/v1/resourceslices/{name}", api.update)
+    app.router.add_get("/api/v1/nodes/{name}", api.node)
+    runner, url = await serve_app(app)
+    topo = topology("dgx-h100", vfs_per_pf=2)
+    write_pods(tmp_path / "pods.json", [])
+    cfg = AgentConfig(mode=MODE_DRA, dra=DraOptions(publish_gpus=True))
+    agent = Agent(AgentOptions(node_name=NODE, state_dir=str(tmp_path / "state")),
+                  PodsFile(tmp_path / "pods.json", cfg.resources), cfg, topology=topo,
+                  kube=Client(KubeConfig(server=url)))
+    agent._topology = topo
+    try:
+        assert await agent.publish_own_slices()
+        assert agent.slices_published is SlicesPublished.CREATED
+        assert [w for w, _ in api.writes] == ["POST"] * len(api.slices)
+        devices = {d["name"]: d for s in api.slices.values()
+                   for d in s["spec"].get("devices", [])}
+        assert {device_name(g.pci_address) for g in topo.gpus} <= set(devices)
+        api.writes.clear()
+        assert await agent.publish_own_slices()
+        assert agent.slices_published is SlicesPublished.UNCHANGED and api.writes == []
+        vf = next(n for n in topo.nics if n.vfs).vfs[0]
+        agent.unhealthy = {vf.pci_address: "RDMA port mlx5_x/1 is DOWN"}
+        assert await agent.publish_own_slices()
+        assert agent.slices_published is SlicesPublished.UPDATED
+        devices = {d["name"]: d for s in api.slices.values()
+                   for d in s["spec"].get("devices", [])}
+        assert [n for n, d in devices.items() if d.get("taints")] == [
+            device_name(vf.pci_address)]
+    finally:
+        assert agent.kube is not None
+        await agent.kube.close()
+        await runner.cleanup()
