@@ -170,3 +170,22 @@ async def test_the_agent_publishes_its_slices_with_gpus_as_configured_and_taints
         assert agent.kube is not None
         await agent.kube.close()
         await runner.cleanup()
+
+
+def test_the_slices_offer_what_the_config_offers_pfs_only_with_pf_plugin(tmp_path):
+    tree = make_tree(tmp_path / "root")
+    write_pods(tmp_path / "pods.json", [])
+
+    def offered(config: AgentConfig) -> frozenset[str]:
+        agent = Agent(AgentOptions(node_name=NODE, sysfs_root=str(tree),
+                                   state_dir=str(tmp_path / "state")),
+                      PodsFile(tmp_path / "pods.json", config.resources), config)
+        agent._topology = agent._discover()
+        return agent.dra_offered()
+
+    topo = topology()
+    pfs = {n.pci_address for n in topo.nics if not n.default_route}
+    vfs = {v.pci_address for n in topo.nics for v in n.vfs if v.is_rdma}
+    assert offered(AgentConfig(mode=MODE_DRA)) == pfs | vfs
+    assert offered(AgentConfig(mode=MODE_DRA, pf_plugin=False)) == vfs
+    assert offered(AgentConfig(mode=MODE_DRA, vf_plugin=False)) == pfs

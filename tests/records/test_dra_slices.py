@@ -242,3 +242,18 @@ def test_the_device_classes_select_our_driver_and_one_kind_each():
         f"railyard-{k}": f'device.driver == "railyard.dev" && '
                          f'device.attributes["railyard.dev"].kind == "{k}"'
         for k in ("gpu", "vf", "pf")}
+
+
+def test_only_the_offered_vfs_and_pfs_are_published_and_counters_still_bind_them():
+    nic, other = [n for n in DGX.nics if n.vfs][:2]
+    offered = {nic.pci_address, other.vfs[0].pci_address}
+    devices = by_name(node_slices(DGX, offered=offered))
+    assert set(devices) == {device_name(nic.pci_address), device_name(other.vfs[0].pci_address)}
+    counters = counters_of(node_slices(DGX, offered=offered))
+    # The PF published alone still takes every VF it has published (none here: 1).
+    assert sorted(c for cs in counters.values() for c in cs) == sorted(
+        [device_name(nic.pci_address), device_name(other.pci_address)])
+    assert counters["pfs-0"][device_name(other.pci_address)] == 1
+    assert devices[device_name(other.vfs[0].pci_address)]["consumesCounters"][0][
+        "counters"] == {device_name(other.pci_address): {"value": "1"}}
+    assert devices_of(node_slices(DGX, offered=())) == []

@@ -203,6 +203,7 @@ class Agent:
         self.dra: DraPlugin | None = None
         self._slices_due = asyncio.Event()
         self.slices_published: SlicesPublished | None = None  # the last round's outcome
+        self._dra_offered: frozenset[str] | None = None  # VFs and PFs the slices publish
 
     # ------------------------------------------------------------------ start / stop
 
@@ -544,6 +545,7 @@ class Agent:
 
         assert self.kube is not None
         kube, node = self.kube, self.options.node_name
+        self._dra_offered = self.dra_offered()
         self.wanted_slices()  # raises SliceLimitError now rather than in the loop
         preparer = api_preparer(self.topology, self.store, kube,
                                 state_dir=self.options.state_dir, cdi_dir=self.config.dra.cdi_dir,
@@ -558,9 +560,26 @@ class Agent:
                  sum(len(s["spec"].get("devices", [])) for s in self.wanted_slices()),
                  len(self.wanted_slices()))
 
+    def dra_offered(self) -> frozenset[str]:
+        """The VFs and PFs our slices publish, by PCI address: what the config offers (the
+        pools' selectors, `vfPlugin`, `pfPlugin`), as the device plugins would; a PF left out
+        (a storage NIC, `pfPlugin: false`) is never in a claim."""
+        cfg = self.config
+        facts = self.probe.facts(self.topology)
+        routed = self.probe.routed_netdevs()
+        kinds: list[tuple[Kind, tuple]] = [
+            ("vf" if p.resource == cfg.resources.vf else p.resource, p.selectors)
+            for p in cfg.pools if cfg.vf_plugin]
+        if cfg.pf_plugin:
+            kinds.append(("pf", cfg.pf_pool))
+        return frozenset(
+            d.pci_address for kind, pool in kinds
+            for d in offered_devices(self.topology, kind, pool=pool, facts=facts, routed=routed))
+
     def wanted_slices(self) -> list[dict]:
         return build_slices(self.topology, frozenset(self.unhealthy),
-                            publish_gpus=self.config.dra.publish_gpus)
+                            publish_gpus=self.config.dra.publish_gpus,
+                            offered=self._dra_offered)
 
     async def publish_own_slices(self) -> bool:
         """Our slices made what the node has now; False when the API server was not written."""

@@ -25,6 +25,7 @@ from railyard.records.dra_names import (
     device_class,
     qualified,
 )
+from railyard.records.fields import is_dns_label
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -52,7 +53,6 @@ MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize: subrequests per reque
 MAX_RESULTS = 32  # AllocationResultsMaxSize: devices in one allocation
 MAX_NAME = 253  # metadata.name: a DNS subdomain
 
-_DNS_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 _LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
 _DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
 
@@ -96,7 +96,7 @@ class PairRequest:
             raise TemplateError(f"--name {self.name!r}: not a DNS subdomain (lower-case letters, "
                                 f"digits, '-' and '.', at most {MAX_NAME} characters, starting "
                                 "and ending with a letter or digit)")
-        if self.namespace is not None and not _DNS_LABEL.fullmatch(self.namespace):
+        if self.namespace is not None and not is_dns_label(self.namespace):
             raise TemplateError(f"--namespace {self.namespace!r}: not a namespace (a DNS label: "
                                 "lower-case letters, digits and '-', at most 63 characters)")
         if self.gpus == "nvidia" and self.level == "switch":

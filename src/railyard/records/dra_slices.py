@@ -151,17 +151,26 @@ def _counter_set(pf_index: int) -> str:
 
 
 def pool_devices(topology: NodeTopology, unhealthy: Collection[str] = (), *,
-                 publish_gpus: bool = False) -> tuple[list[SliceDevice], list[dict[str, Any]]]:
-    """Every device of the node's pool, and its counter sets (each as a slice writes it)."""
+                 publish_gpus: bool = False, offered: Collection[str] | None = None
+                 ) -> tuple[list[SliceDevice], list[dict[str, Any]]]:
+    """Every device of the node's pool, and its counter sets (each as a slice writes it).
+    `offered`: the PCI addresses of the VFs and PFs to publish (the agent's pools and
+    `pfPlugin`); None: every one."""
     devices: list[SliceDevice] = []
     if publish_gpus:
         for g in sorted(topology.gpus, key=lambda g: g.pci_address):
             devices.append(_gpu_device(g, unhealthy))
+
+    def wanted(pci: str) -> bool:
+        return offered is None or pci in offered
+
     sets: dict[str, dict[str, Any]] = {}
-    for j, nic in enumerate(compute_nics(topology)):
+    nics = [(n, tuple(v for v in published_vfs(n) if wanted(v.pci_address)))
+            for n in compute_nics(topology)]
+    nics = [(n, vfs) for n, vfs in nics if vfs or wanted(n.pci_address)]
+    for j, (nic, vfs) in enumerate(nics):
         counter = device_name(nic.pci_address)
         cset = _counter_set(j)
-        vfs = published_vfs(nic)
         size = max(1, len(vfs))
         sets.setdefault(cset, {})[counter] = {"value": str(size)}
         for v in vfs:
@@ -171,6 +180,8 @@ def pool_devices(topology: NodeTopology, unhealthy: Collection[str] = (), *,
                                                    v.pci_address, v.rdma_device),
                                    {cset: {counter: 1}},
                                    _taints(v.pci_address, nic.pci_address, unhealthy)))
+        if not wanted(nic.pci_address):
+            continue
         name = device_name(nic.pci_address)
         devices.append(_device(name, KIND_PF, nic.pci_address,
                                _nic_attributes(topology, nic, name, KIND_PF, nic.pci_address,
@@ -209,17 +220,20 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
 
 
 def node_slices(topology: NodeTopology, unhealthy: Collection[str] = (), *,
-                publish_gpus: bool = False, generation: int = 1) -> list[dict[str, Any]]:
+                publish_gpus: bool = False, generation: int = 1,
+                offered: Collection[str] | None = None) -> list[dict[str, Any]]:
     """The node's ResourceSlices: the counter slices first (8 counter sets of 32 PFs each at
     most; v1 allows counters and devices in one slice only apart), then the device slices
     (64 devices each at most), all of one pool and generation with the right
-    `resourceSliceCount`. `unhealthy`: PCI addresses the agent's health scan finds bad."""
+    `resourceSliceCount`. `unhealthy`: PCI addresses the agent's health scan finds bad;
+    `offered`: the VFs and PFs to publish by PCI address (None: all; `pool_devices`)."""
     node = topology.node
     if len(slice_name(node, 999)) > MAX_NAME:
         raise SliceLimitError(f"node name {node[:40]!r}… is too long for slice names "
                               f"({MAX_NAME} characters at most)")
-    devices, counter_sets = pool_devices(topology, frozenset(unhealthy),
-                                         publish_gpus=publish_gpus)
+    devices, counter_sets = pool_devices(
+        topology, frozenset(unhealthy), publish_gpus=publish_gpus,
+        offered=None if offered is None else frozenset(offered))
     specs: list[dict[str, Any]] = [{"sharedCounters": c}
                                    for c in _chunks(counter_sets, MAX_COUNTER_SETS)]
     specs += [{"devices": [d.body for d in c]} for c in _chunks(devices, MAX_DEVICES)]
