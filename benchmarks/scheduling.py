@@ -180,6 +180,8 @@ def bind_phases(m0: str, m1: str) -> dict[str, float]:
         if delta and delta[-1][1] > 0:
             for q in (0.5, 0.99):
                 out[f"{phase}P{round(q * 100)}Ms"] = round(histogram_quantile(q, delta) * 1000, 1)
+    if not out:  # an extender without the phase histogram (trivial's)
+        return out
     before = {labels.get("where"): v
               for labels, v in samples(m0, "railyard_extender_bind_decisions_total")}
     for labels, value in samples(m1, "railyard_extender_bind_decisions_total"):
@@ -312,7 +314,7 @@ class Round(msgspec.Struct):
     already_bound: int = 0  # the extender's already_bound answers (filter's per node, bind's)
     extender_rss_mb: float | None = None  # when the round had drained
     extra: dict[str, float] = {}  # the mode's report
-    bind_phases: dict[str, float] = dataclasses.field(default_factory=dict)  # Railyard's
+    bind_phases: dict[str, float] = {}  # Railyard's
 
 
 class Bench:
