@@ -15,112 +15,39 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from railyard.discovery.discover import discover
 from railyard.kubelet.dra_cdi import CdiSpecs
 from railyard.kubelet.dra_prepared import PreparedClaims
 from railyard.node.state import StateStore
 from railyard.records.dra_names import DRIVER, device_name
 from railyard.records.dra_slices import node_slices
-from railyard.topology.model import NodeTopology
-from railyard.topology.rails import assign_rails
-from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
+from support.box import get, kubebox, namespace, phase, pod, wait_for
+from support.dra_box import (
+    AGENT,
+    Node,
+    allocated_claim,
+    claim_vfs,
+    env_of,
+    registrations,
+    running_dra_box,
+    start_pod,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
-
-SHOW = ("env | sort; ip -o link; ls /dev/infiniband; "
-        "echo '<pairs>'; cat /run/railyard/pairs.json; echo '</pairs>'")
-
-
-AGENT = "railyard-agent"
-
-
-@dataclass(frozen=True)
-class Node:
-    """What the tests read of the node: its topology and the agent's folders."""
-
-    topology: NodeTopology
-    state_dir: str
-    cdi_dir: str
-    sysfs: Path  # the fixture tree the agent discovers and health-scans
 
 
 @pytest.fixture(scope="module")
 def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, Node]]:
-    folder = tmp_path_factory.mktemp("dra-box")
-    kubebox.run([*kubebox.railyard_command(), "fixture", "--profile", "dgx-h100",
-                 "--vfs-per-pf", "2", str(folder / "node")])
-    topology = replace(discover(folder / "node").topology, node=kubebox.NODE_NAME)
-    # Discovery cannot see cabling: compute NIC i (PCI order) is on rail i, under GPU i.
-    rails = {n.pci_address: i for i, n in enumerate(n for n in topology.nics if n.total_vfs)}
-    topology = assign_rails(topology, rails)[0]
-    with running_box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
-                     dra=True, agent_config={"rails": rails}) as box:
-        wait_for("kubelet to register the DRA driver", lambda: registrations(box), timeout=60)
-        yield box, Node(topology, str(box.layout.dir / "railyard-state"),
-                        str(box.layout.dir / "cdi"), folder / "node")
-
-
-def registrations(box) -> int:
-    """How often kubelet has registered the agent's DRA plugin (the agent's log says each)."""
-    log = Path(next(s.log for s in box.state.started if s.name == AGENT)).read_text()
-    return log.count(f"{DRIVER}: registered through the plugin watcher")
+    with running_dra_box(tmp_path_factory.mktemp("dra-box")) as running:
+        yield running
 
 
 def our_slices(box) -> list[dict]:
     return get(box, "resourceslices", "--field-selector",
                f"spec.nodeName={kubebox.NODE_NAME},spec.driver={DRIVER}")["items"]
-
-
-def two_pairs_template(rails: tuple[int, ...]) -> dict:
-    """Per pair gpu-i and nic-i (a VF on rail `rails[i]`) under one PCIe switch."""
-    requests, constraints = [], []
-    for i, rail in enumerate(rails):
-        requests.append({"name": f"gpu-{i}", "exactly": {"deviceClassName": "railyard-gpu"}})
-        requests.append({"name": f"nic-{i}", "exactly": {
-            "deviceClassName": "railyard-vf",
-            "selectors": [{"cel": {"expression":
-                f'device.attributes["{DRIVER}"].rail == {rail}'}}]}})
-        constraints.append({"requests": [f"gpu-{i}", f"nic-{i}"],
-                            "matchAttribute": f"{DRIVER}/pcieSwitch"})
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-            "metadata": {"name": "two-pairs"},
-            "spec": {"spec": {"devices": {"requests": requests, "constraints": constraints}}}}
-
-
-def env_of(log: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in log.splitlines() if "=" in line.split(" ")[0])
-
-
-def start_pod(box, ns: str, name: str, rails: tuple[int, int]) -> None:
-    """A pod whose one claim comes from a two-pair template on `rails`."""
-    template = two_pairs_template(rails)
-    template["metadata"]["name"] = f"{name}-pairs"
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
-    manifest = pod(name, ["sh", "-c", SHOW])
-    manifest["spec"]["resourceClaims"] = [{"name": "pairs",
-                                           "resourceClaimTemplateName": f"{name}-pairs"}]
-    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
-
-
-def allocated_claim(box, ns: str) -> dict:
-    def claim() -> dict | None:
-        items = get(box, "resourceclaims", "-n", ns)["items"]
-        return items[0] if items and "allocation" in items[0].get("status", {}) else None
-    return wait_for("kube-scheduler to allocate the claim", claim, timeout=60)
-
-
-def claim_vfs(node: Node, claim: dict) -> list[tuple[int, object]]:
-    """The claim's VFs in result order, each with its rail (compute NIC index)."""
-    by_name = {device_name(v.pci_address): (n.rail, v) for n in node.topology.nics
-               for v in n.vfs}
-    return [by_name[r["device"]] for r in claim["status"]["allocation"]["devices"]["results"]
-            if r["request"].startswith("nic")]
 
 
 def pod_resources(box, ns: str, name: str) -> list[tuple[str, str, str, list[str]]]:
