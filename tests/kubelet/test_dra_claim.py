@@ -89,6 +89,59 @@ def test_another_drivers_gpus_pair_by_their_slices_pci_bus_id():
         [(GPU[3], COMPUTE[3].vfs[0].pci_address, 3)]
 
 
+
+def nvidia_slice(devices: dict[str, dict]) -> list[dict]:
+    return [{"spec": {"driver": "gpu.nvidia.com", "pool": {"name": TOPO.node},
+                      "devices": [{"name": n, "attributes": a} for n, a in devices.items()]}}]
+
+
+def nvidia_result(request: str, device: str, driver: str = "gpu.nvidia.com") -> dict:
+    return {"request": request, "driver": driver, "pool": TOPO.node, "device": device}
+
+
+def test_nvidias_gpus_pair_with_our_nics_in_request_order_by_either_bus_id_attribute():
+    # The standard attribute (NVIDIA's driver today) and its own `pcieBusID` (before it).
+    slices = nvidia_slice({
+        "gpu-5": {"resource.kubernetes.io/pciBusID": {"string": GPU[5].upper()}},
+        "gpu-1": {"pcieBusID": {"string": GPU[1]}}})
+    vfs = [COMPUTE[5].vfs[0].pci_address, COMPUTE[1].vfs[0].pci_address]
+    claim = read_claim(doc([ours("nic-0/root", vfs[0]), nvidia_result("gpu-0", "gpu-5"),
+                            ours("nic-1/root", vfs[1]), nvidia_result("gpu-1", "gpu-1")]),
+                       REF, TOPO.node)
+    alloc = claim_to_allocation(claim, NAMES, decided_at="t",
+                                other_gpu=slice_gpus(slices, TOPO))
+    assert [(p.gpu.pci_address, p.nic.pci_address) for p in alloc.pairs] == \
+        [(GPU[5], vfs[0]), (GPU[1], vfs[1])]
+    assert not alloc.gpus and not alloc.nics
+
+
+def test_an_nvidia_gpu_its_slice_does_not_place_is_refused_rather_than_shifting_the_pairs():
+    # gpu-9 has no PCI address of this node: skipping it would pair gpu-5 with nic-0's VF.
+    slices = nvidia_slice({
+        "gpu-9": {"uuid": {"string": "GPU-x"}},
+        "gpu-5": {"resource.kubernetes.io/pciBusID": {"string": GPU[5]}}})
+    claim = read_claim(doc([ours("nic-0", COMPUTE[0].vfs[0].pci_address),
+                            nvidia_result("gpu-0", "gpu-9"),
+                            ours("nic-1", COMPUTE[5].vfs[0].pci_address),
+                            nvidia_result("gpu-1", "gpu-5")]), REF, TOPO.node)
+    for lookup, words in ((slice_gpus(slices, TOPO), "gives it no PCI address"),
+                          (None, "could not be read")):
+        try:
+            claim_to_allocation(claim, NAMES, decided_at="t", other_gpu=lookup)
+        except ClaimError as e:
+            assert "'gpu-9'" in str(e) and words in str(e), e
+        else:
+            raise AssertionError("a GPU the record cannot name was skipped")
+
+
+def test_another_drivers_devices_that_are_not_gpus_are_not_paired():
+    vf = COMPUTE[2].vfs[0].pci_address
+    claim = read_claim(doc([ours("nic-0", vf), nvidia_result("extra", "eth9", "dra.net")]),
+                       REF, TOPO.node)
+    alloc = claim_to_allocation(claim, NAMES, decided_at="t", other_gpu=None)
+    assert not alloc.pairs and [n.pci_address for n in alloc.nics] == [vf]
+
+
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=20)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from railyard.allocation.types import Allocation, GpuRef, NicRef, Pair
+from railyard.kubelet.othergpus import is_gpu_driver
 from railyard.kubelet.pairing import DeviceIndex
 from railyard.node.state import PodKey, is_pod_uid
 from railyard.records.dra_names import DRIVER, device_name
@@ -132,7 +133,8 @@ class DeviceNames:
         return self.gpus.get(name) or self.nics.get(name)
 
 
-# A GPU of another driver (NVIDIA's) as this node's topology knows it; None: not a GPU here.
+# A device of another driver (NVIDIA's GPU) as the GPU of this node's topology it is, found
+# by the PCI address its slice gives it; None: no GPU of this node.
 OtherGpu = Callable[[ResultDevice], GpuRef | None]
 
 
@@ -145,21 +147,36 @@ def claim_to_allocation(claim: ClaimAllocation, names: DeviceNames, *, decided_a
     decision 0112). A device of ours this node does not have is refused
     (the slice it came from is stale, or of another node); NICs beyond the GPUs stay
     unpaired, as do GPUs beyond the NICs.
+
+    Another driver's GPUs (NVIDIA's, `--gpus nvidia`) are this node's GPUs as `other_gpu`
+    finds them by PCI address, in their result order after ours. A device of a GPU driver
+    that it cannot find is refused, not skipped: pairs go by position, and one GPU left out
+    would pair every later GPU with the NIC of the pair before (kubelet retries a refused
+    prepare; a slice read that failed heals then). Other drivers' other devices are not ours
+    to pair.
     """
+    where = f"ResourceClaim {claim.claim.namespace}/{claim.claim.name}"
+    node = names.index.topology.node
     gpus: list[GpuRef] = []
     nics: list[NicRef] = []
     for r in claim.ours:
         d = names.device(r.device)
         if d is None:
-            raise ClaimError(f"ResourceClaim {claim.claim.namespace}/{claim.claim.name}",
-                             f"device {r.device!r} of pool {r.pool!r} is not a device of "
-                             f"node {names.index.topology.node!r}")
+            raise ClaimError(where, f"device {r.device!r} of pool {r.pool!r} is not a device "
+                                    f"of node {node!r}")
         if isinstance(d, GpuRef):
             gpus.append(d)
         else:
             nics.append(d)
-    if other_gpu is not None:
-        gpus += [g for r in claim.others if (g := other_gpu(r)) is not None]
+    for r in claim.others:
+        g = other_gpu(r) if other_gpu is not None else None
+        if g is not None:
+            gpus.append(g)
+        elif is_gpu_driver(r.driver):
+            why = ("the node's ResourceSlices could not be read" if other_gpu is None else
+                   f"its ResourceSlice gives it no PCI address of a GPU of node {node!r}")
+            raise ClaimError(where, f"GPU {r.device!r} of driver {r.driver!r} (request "
+                                    f"{r.request!r}) cannot be paired: {why}")
     topo, index = names.index.topology, names.index
     pairs = tuple(Pair(g, n, index.distance(g, n), index.rail.get(n.pf_pci_address))
                   for g, n in zip(gpus, nics, strict=False))

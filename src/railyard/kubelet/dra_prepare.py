@@ -43,9 +43,10 @@ from railyard.kubelet.pairmap import (
     pair_file_json,
 )
 from railyard.node.attachments import attached_pods
+from railyard.node.errors import StateError
 from railyard.node.pairfiles import PairFiles
 from railyard.node.state import PodKey, StateStore
-from railyard.records.dra_names import DRIVER
+from railyard.records.dra_names import DRIVER, PCI_BUS_ID
 from railyard.topology.model import NodeTopology
 
 log = logging.getLogger(__name__)
@@ -180,43 +181,82 @@ class ClaimPreparer:
     # ------------------------------------------------------------------ unprepare
 
     async def unprepare(self, ref: ClaimRef) -> None:
-        """Remove what prepare made for the claim; nothing known of it: only its CDI spec
-        file, should one be there (a state folder that was lost)."""
+        """Remove what prepare made for the claim; without its document (lost, or
+        unreadable), what the node still has of it: see `_undo_unrecorded`."""
         async with self._deciding:
             await asyncio.to_thread(self._unprepare, ref)
 
     def _unprepare(self, ref: ClaimRef) -> None:
         with self.store.locked():
-            before = self.prepared.get(ref.uid)
+            try:
+                before = self.prepared.get(ref.uid)
+            except StateError as e:  # kubelet would retry a failure forever: undo all else
+                log.warning("claim %s: its prepared-claim document is unreadable (%s); "
+                            "unpreparing from what else the node keeps", ref, e)
+                before = None
             if before is None:
-                if self.cdi.remove(ref.uid):
-                    log.info("claim %s: no preparation recorded; its CDI spec removed", ref)
+                self._undo_unrecorded(ref)
                 return
             self._undo(before)
 
     def _undo(self, p: PreparedClaim) -> None:
         """Everything the document names gone, the document last (under the store lock)."""
         self.cdi.remove(p.claim.uid)
-        self.pair_files.remove(p.pod.uid)
-        if p.pod.uid in attached_pods(self.state_dir):
+        self._free_pod(p.claim, p.pod.uid, str(p.pod))
+        self.prepared.remove(p.claim.uid)
+        log.info("claim %s unprepared (pod %s)", p.claim, p.pod)
+
+    def _undo_unrecorded(self, ref: ClaimRef) -> None:
+        """No document: the pod is found by the claim's pair file, whose name says the claim
+        (`<state_dir>/pairs/<pod uid>/claim-<claim uid>.json`, written only by prepare), and
+        its record and pair files go as the document's would; the CDI spec by the claim's
+        name. A state folder lost whole leaves only the CDI spec (the record went with it);
+        a record without a pair file is the agent's clean-up's, once the pod is gone."""
+        name = pair_file_name(ref.uid)
+        for uid in self.pair_files.pods():
+            if self.pair_files.path(uid, name).exists():
+                self._free_pod(ref, uid, uid)
+                log.info("claim %s: no preparation recorded; unprepared from its pair file "
+                         "(pod %s)", ref, uid)
+        if self.cdi.remove(ref.uid):
+            log.info("claim %s: no preparation recorded; its CDI spec removed", ref)
+        self.prepared.remove(ref.uid)  # an unreadable one
+
+    def _free_pod(self, claim: ClaimRef, uid: str, pod: str) -> None:
+        """The pod's record and pair files gone, the record kept while the CNI holds the
+        pod's devices (under the store lock)."""
+        if uid in attached_pods(self.state_dir):
             # The CNI still has the pod's VFs in its namespace: the record stays until its
             # DEL, and the agent's clean-up forgets it then, as for any pod (docs/agent.md).
             log.warning("claim %s unprepared while the CNI still holds pod %s's devices; "
-                        "its record stays until the CNI's DEL", p.claim, p.pod)
+                        "its record stays until the CNI's DEL", claim, pod)
         else:
-            self.store.remove(p.pod.uid)
-        self.prepared.remove(p.claim.uid)
-        log.info("claim %s unprepared (pod %s)", p.claim, p.pod)
+            self.store.remove(uid)
+        self.pair_files.remove(uid)  # last: the link `_undo_unrecorded` finds the pod by
 
 
 # ----------------------------------------------------------------------- other drivers' GPUs
 
-PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+# NVIDIA's driver before it wrote the standard attribute gave the address in its own domain
+# (NVIDIA/k8s-dra-driver-gpu cmd/gpu-kubelet-plugin/deviceinfo.go, `pcieBusID`).
+VENDOR_PCI_BUS_ID = "pcieBusID"
+
+
+def _pci_address(driver: str, attrs: dict[str, Any]) -> str | None:
+    for key in (PCI_BUS_ID, VENDOR_PCI_BUS_ID, f"{driver}/{VENDOR_PCI_BUS_ID}"):
+        value = attrs.get(key)
+        pci = value.get("string") if isinstance(value, dict) else None
+        if isinstance(pci, str):
+            return pci.lower()
+    return None
 
 
 def slice_gpus(slices: list[Any], topology: NodeTopology) -> OtherGpu:
-    """Another driver's GPU devices, by (driver, pool, device) from its ResourceSlices'
-    standard `pciBusID` attribute, as this node's topology knows them."""
+    """Another driver's GPU devices, by (driver, pool, device), as this node's topology
+    knows them: by the PCI address their ResourceSlices give them (the standard `pciBusID`,
+    else the driver's own `pcieBusID`). The PCI address, not the UUID: discovery knows it
+    for every GPU (a UUID only where the driver or NVML tells it), and it names a device
+    everywhere else in Railyard."""
     gpus = {g.pci_address: GpuRef.of(g) for g in topology.gpus}
     found: dict[tuple[str, str, str], GpuRef] = {}
     for s in slices:
@@ -225,13 +265,12 @@ def slice_gpus(slices: list[Any], topology: NodeTopology) -> OtherGpu:
             continue
         pool = spec.get("pool")
         pool = pool if isinstance(pool, dict) else {}
+        driver = str(spec.get("driver"))
         for d in spec.get("devices") or ():
             attrs = d.get("attributes") if isinstance(d, dict) else None
-            bus = attrs.get(PCI_BUS_ID) if isinstance(attrs, dict) else None
-            pci = bus.get("string") if isinstance(bus, dict) else None
-            if isinstance(pci, str) and pci.lower() in gpus:
-                found[(str(spec.get("driver")), str(pool.get("name")), str(d.get("name")))] = \
-                    gpus[pci.lower()]
+            pci = _pci_address(driver, attrs) if isinstance(attrs, dict) else None
+            if pci is not None and pci in gpus:
+                found[(driver, str(pool.get("name")), str(d.get("name")))] = gpus[pci]
 
     def lookup(r: ResultDevice) -> GpuRef | None:
         return found.get((r.driver, r.pool, r.device))

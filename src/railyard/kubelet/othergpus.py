@@ -92,10 +92,14 @@ def gpu_drivers(slices: Iterable[Mapping[str, Any]], node: str) -> list[str]:
         if not isinstance(spec, Mapping) or spec.get("nodeName") != node:
             continue
         driver = spec.get("driver")
-        if isinstance(driver, str) and (driver in KNOWN_GPU_DRIVERS
-                                        or "gpu" in driver.lower().split(".")):
+        if isinstance(driver, str) and is_gpu_driver(driver):
             found.add(driver)
     return sorted(found)
+
+
+def is_gpu_driver(driver: str) -> bool:
+    """A DRA driver that serves GPUs: a known one, or one whose name has a `gpu` label."""
+    return driver in KNOWN_GPU_DRIVERS or "gpu" in driver.lower().split(".")
 
 
 def dra_message(drivers: Iterable[str], gpu_resource: str, gpu_plugin: bool) -> str:
