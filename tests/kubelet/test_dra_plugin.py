@@ -456,6 +456,57 @@ async def test_unprepare_after_the_node_state_was_lost_removes_the_cdi_spec(node
 
 
 @async_test
+async def test_unprepare_after_the_prepared_claims_were_lost_frees_the_pods_record_too(node):
+    """Only `dra/claims` gone: the claim's pair file names the pod, so its record goes at
+    unprepare (not at the agent's next clean-up), and another claim may have its devices."""
+    claim = node.api.add(two_pairs())
+    async with running(node) as stub:
+        await prepare(stub, claim)
+    shutil.rmtree(Path(node.state_dir) / "dra")
+    async with running(node) as stub:
+        resp = await unprepare(stub, claim)
+        assert dict(resp.claims)[claim.uid].error == ""
+        assert node.leftovers() == []
+        again = node.api.add(two_pairs("job-b"))  # the same devices, another pod
+        assert dict((await prepare(stub, again)).claims)[again.uid].error == ""
+
+
+@async_test
+async def test_unprepare_of_an_unreadable_prepared_claim_frees_what_the_node_keeps(node):
+    claim = node.api.add(two_pairs())
+    async with running(node) as stub:
+        await prepare(stub, claim)
+    document = Path(node.state_dir) / "dra" / "claims" / f"{claim.uid}.json"
+    document.write_text("{half")
+    async with running(node) as stub:
+        resp = await unprepare(stub, claim)
+    assert dict(resp.claims)[claim.uid].error == ""
+    assert node.leftovers() == []
+
+
+@async_test
+async def test_unprepare_without_its_document_keeps_the_record_the_cni_still_holds(node):
+    """As with the document: while the CNI has the pod's devices in its namespace, the record
+    stays for the DEL (the agent's clean-up forgets it after)."""
+    from railyard.node.attachments import AttachmentRecord, AttachmentStore
+
+    claim = node.api.add(two_pairs())
+    async with running(node) as stub:
+        await prepare(stub, claim)
+    uid = pod_uid(node, claim)
+    shutil.rmtree(Path(node.state_dir) / "dra")
+    AttachmentStore(node.state_dir).save(AttachmentRecord(
+        network="rdma", container_id="sandbox", ifname="net1", netns="/proc/1/ns/net",
+        netns_id=None, pod_uid=uid, pod_namespace=NS, pod_name="pod-0-job-a"))
+    async with running(node) as stub:
+        resp = await unprepare(stub, claim)
+    assert dict(resp.claims)[claim.uid].error == ""
+    assert node.store().get(uid) is not None
+    assert not CdiSpecs(node.cdi_dir).path(claim.uid).exists()
+    assert not (Path(node.state_dir) / "pairs" / uid).exists()
+
+
+@async_test
 async def test_prepare_after_a_crash_mid_prepare_completes_it(node):
     claim = node.api.add(two_pairs())
     async with running(node) as stub:

@@ -45,7 +45,7 @@ from railyard.kubelet.pairmap import (
 from railyard.node.attachments import attached_pods
 from railyard.node.errors import StateError
 from railyard.node.pairfiles import PairFiles
-from railyard.node.state import PodKey, StateStore
+from railyard.node.state import PodKey, StateStore, is_pod_uid
 from railyard.records.dra_names import DRIVER, PCI_BUS_ID
 from railyard.topology.model import NodeTopology
 
@@ -187,6 +187,7 @@ class ClaimPreparer:
             await asyncio.to_thread(self._unprepare, ref)
 
     def _unprepare(self, ref: ClaimRef) -> None:
+        self.prepared.path(ref.uid)  # a UID that is not one path component: refused here
         with self.store.locked():
             try:
                 before = self.prepared.get(ref.uid)
@@ -214,7 +215,7 @@ class ClaimPreparer:
         a record without a pair file is the agent's clean-up's, once the pod is gone."""
         name = pair_file_name(ref.uid)
         for uid in self.pair_files.pods():
-            if self.pair_files.path(uid, name).exists():
+            if is_pod_uid(uid) and self.pair_files.path(uid, name).exists():
                 self._free_pod(ref, uid, uid)
                 log.info("claim %s: no preparation recorded; unprepared from its pair file "
                          "(pod %s)", ref, uid)
