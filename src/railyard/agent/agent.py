@@ -83,7 +83,7 @@ from railyard.node.errors import StateError
 from railyard.node.files import write_atomic
 from railyard.node.pairfiles import PairFiles
 from railyard.node.paths import KUBELET_DIR, STATE_DIR
-from railyard.node.state import PodRecord, StateStore
+from railyard.node.state import PodKey, PodRecord, StateStore
 from railyard.records.dra_slices import node_slices as build_slices
 from railyard.records.koordinator_device import MANAGED_BY, MANAGED_BY_LABEL
 from railyard.records.nodetopology_cr import (
@@ -101,6 +101,7 @@ from railyard.topology.model import NodeTopology
 
 if TYPE_CHECKING:
     from railyard.kubelet.dra_plugin import DraPlugin
+    from railyard.kubelet.dra_status import ClaimStatusWriter
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,8 @@ PUBLISH_RETRY_S = 5.0
 EVENTS_NAMESPACE = "default"  # a Node's Events, as kubelet writes them
 EVENT_COMPONENT = "railyard-agent"
 STATE_REBUILT = "RailyardNodeStateRebuilt"  # the Node Event when records were made again
+# The pod Event when its claim's network data could not be written (kubelet.dra_status).
+CLAIM_STATUS_NOT_WRITTEN = "RailyardClaimStatusNotWritten"
 EVENTS_DRAIN_S = 1.0  # at stop, Events in flight get this long before the client closes
 CHECK_BEFORE_S = 5.0  # the PodResources check a CNI ADD or a container start waits for
 # DRA mode: our slices are listed again this often (and written if they differ): kubelet
@@ -204,6 +207,7 @@ class Agent:
         self._slices_due = asyncio.Event()
         self.slices_published: SlicesPublished | None = None  # the last round's outcome
         self._dra_offered: frozenset[str] | None = None  # VFs and PFs the slices publish
+        self.claim_status: ClaimStatusWriter | None = None  # claims' network data (0113)
 
     # ------------------------------------------------------------------ start / stop
 
@@ -414,6 +418,17 @@ class Agent:
             device_info_dir=self.config.cni_devinfo_dir,
             pod_resources_socket=self.paths.pod_resources_socket, pods=self.pods,
             metrics=CniMetrics(self.options.node_name, self.metrics.registry))
+        if self.config.mode == MODE_DRA and self.kube is not None:
+            # After a DRA pod's ADD: its claim's status.devices names each NIC's interface,
+            # MAC and addresses (KEP-4817), written on this loop, off the ADD's path (0113).
+            from railyard.kubelet.dra_status import ClaimStatusWriter
+
+            writer = self.claim_status = ClaimStatusWriter(
+                self.kube, self.options.state_dir, asyncio.get_running_loop(),
+                node=self.options.node_name, registry=self.metrics.registry,
+                not_written=self._say_claim_status_not_written)
+            plugin.on_added = lambda pod, interfaces: writer.interfaces_added(pod.uid,
+                                                                              interfaces)
         if "gpu" not in self.lists:
             # GPUs from another plugin: kubelet has given every container its GPUs by the
             # time the runtime calls ADD, so check the record against PodResources first
@@ -421,6 +436,21 @@ class Agent:
             plugin.grants = CheckedGrants(plugin.grants, self._verify_from_thread)
         self._cni = await asyncio.to_thread(cni_service.start, plugin, path)
         log.info("CNI service on %s", path)
+
+    def _say_claim_status_not_written(self, pod: PodKey, message: str) -> None:
+        """A Warning Event on the pod whose claim's network data was not written."""
+        self._warn_pod(pod, CLAIM_STATUS_NOT_WRITTEN, message)
+
+    def _warn_pod(self, pod: PodKey, reason: str, message: str) -> None:
+        """A Warning Event on a pod, sent in the background (no-op without events)."""
+        if self.events is None:
+            return
+        node = self.options.node_name
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                    "name": pod.name, "uid": pod.uid}
+        self.events.send(event_body(involved, pod.namespace, reason, message, type_=WARNING,
+                                    component=EVENT_COMPONENT, instance=node, host=node,
+                                    now=event_time()))
 
     async def _serve_metrics(self) -> None:
         listen = self.options.metrics_listen
@@ -722,14 +752,7 @@ class Agent:
         if self.write_back is not None and (self._verify_task is None
                                             or self._verify_task.done()):
             self._verify_task = asyncio.get_running_loop().create_task(self._check())
-        if self.events is None:
-            return
-        node = self.options.node_name
-        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": c.namespace,
-                    "name": c.name, "uid": c.uid}
-        self.events.send(event_body(involved, c.namespace, CORRECTED_EVENT, message,
-                                    type_=WARNING, component=EVENT_COMPONENT, instance=node,
-                                    host=node, now=event_time()))
+        self._warn_pod(PodKey(c.uid, c.namespace, c.name), CORRECTED_EVENT, message)
 
     async def _before_start(self, resource: str, device_ids: Sequence[str]) -> None:
         """kubelet's PreStartContainer: the check, so that a correction (and the pair file

@@ -14,7 +14,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from railyard.cni import addresses, moves, records
-from railyard.cni.context import NodeContext
+from railyard.cni.context import NodeContext, PodInterface
 from railyard.cni.grants import Grant, confirm
 from railyard.cni.netns import Link, LinkError, Netns, NetnsError, netns_identity
 from railyard.cni.rdma import RdmaError
@@ -162,6 +162,10 @@ def _add_locked(node: NodeContext, call: Call, conf: NetConf, pod_ns: Netns, gra
                        else "rolled back: every device is back in the host namespace")
             err.details = f"{err.details}; {outcome}" if err.details else outcome
             raise err from None
+    node.added(grant.pod, tuple(
+        PodInterface(d.pci, d.ifname, links[d.ifname].mac or "",
+                     tuple(address for address, _ in ipam.ips) if ipam is not None else ())
+        for d, ipam in zip(rec.devices, ipams, strict=True)))
     return result
 
 

@@ -5,6 +5,8 @@ the verbs (add.py, delete.py, check.py, gc.py, status.py) take it as their first
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -12,8 +14,11 @@ from railyard.cni.grants import Grants, PodDevices
 from railyard.cni.ipam import Ipam
 from railyard.cni.netns import Netns
 from railyard.cni.rdma import RdmaNetns
+from railyard.cni.spec import PodArgs
 from railyard.node.attachments import AttachmentStore
 from railyard.node.paths import CNI_DEVINFO_DIR
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +34,23 @@ class Settings:
     # (which may hold it through its grant lookup, its device locks and IPAM), then answers
     # "try again" (code 11). Below the shim's 120 s call timeout.
     attachment_lock_timeout_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class PodInterface:
+    """One interface an ADD gave the pod: its device (PCI address), its name in the pod, its
+    MAC and the addresses IPAM gave it (CIDR form, as the CNI result lists them)."""
+
+    pci: str
+    name: str
+    mac: str
+    ips: tuple[str, ...] = ()
+
+
+# Told after each ADD that moved devices, on the ADD's thread, before it answers: the pod as
+# the node's record names it and its interfaces in pair order. Must not block (the agent
+# hands it to its loop: a DRA claim's status, decision 0113); what it raises is logged only.
+InterfacesAdded = Callable[[PodArgs, tuple[PodInterface, ...]], object]
 
 
 class NodeContext:
@@ -56,6 +78,16 @@ class NodeContext:
             self.own_namespaces = frozenset({self.host.identity(), own.identity()})
         # IPAM calls run here, concurrently with each other and with the devices' moves.
         self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="railyard-ipam")
+        self.on_added: InterfacesAdded | None = None
+
+    def added(self, pod: PodArgs, interfaces: tuple[PodInterface, ...]) -> None:
+        """Tell `on_added`; a failure there never fails the ADD (the pod has its devices)."""
+        if self.on_added is None:
+            return
+        try:
+            self.on_added(pod, interfaces)
+        except Exception:
+            log.exception("cni: telling of pod %s's interfaces failed", pod.uid)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -1,5 +1,6 @@
 """The few API verbs Railyard uses, over one aiohttp session and msgspec (decision 0071):
-get, a paged list, create, patch, put, delete and a watch stream of raw lines.
+get, a paged list, create, patch, server-side apply, put, delete and a watch stream of raw
+lines.
 
 Every request takes a token from the client's rate limit (QPS/burst) and has a timeout; a
 watch has a read timeout (the server sends a bookmark about once a minute, so a silent
@@ -88,6 +89,7 @@ PATCH_TYPES = {
     "merge": "application/merge-patch+json",
     "strategic": "application/strategic-merge-patch+json",
     "json": "application/json-patch+json",
+    "apply": "application/apply-patch+yaml",  # server-side apply; JSON is YAML
 }
 
 
@@ -230,6 +232,15 @@ class Client:
                     patch_type: str = "merge") -> T:
         raw = await self.request("PATCH", path, body=body,
                                  content_type=PATCH_TYPES[patch_type])
+        return msgspec.json.decode(raw, type=type_)
+
+    async def apply(self, path: str, body: Any, type_: type[T], *, field_manager: str,
+                    force: bool = False) -> T:
+        """Server-side apply of `body` as `field_manager`: the fields it names become that
+        manager's, and a field another manager owns is a 409 conflict unless `force`."""
+        raw = await self.request("PATCH", path, body=body, content_type=PATCH_TYPES["apply"],
+                                 params={"fieldManager": field_manager,
+                                         "force": "true" if force else "false"})
         return msgspec.json.decode(raw, type=type_)
 
     async def delete(self, path: str) -> None:

@@ -10,7 +10,6 @@ pair's requests come together, pair by pair.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ from railyard.records.dra_names import (
     device_class,
     qualified,
 )
-from railyard.records.fields import is_dns_label
+from railyard.records.fields import is_dns_label, is_dns_subdomain
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -52,10 +51,6 @@ MAX_CONSTRAINT_REQUESTS = 32  # a constraint's `requests` (validated against Dev
 MAX_SUBREQUESTS = 8  # FirstAvailableDeviceRequestMaxSize: subrequests per request
 MAX_RESULTS = 32  # AllocationResultsMaxSize: devices in one allocation
 MAX_NAME = 253  # metadata.name: a DNS subdomain
-
-_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_LABEL}(?:\.{_LABEL})*", re.ASCII)
-
 
 class TemplateError(ValueError):
     """A pair request the API server would refuse, or that cannot mean anything; the message
@@ -92,7 +87,7 @@ class PairRequest:
         _choice("--gpus", self.gpus, GPU_SOURCES)
         _choice("--nics", self.nics, NIC_KINDS)
         _choice("--pf-spread", self.pf_spread, PF_SPREADS)
-        if len(self.name) > MAX_NAME or not _DNS_SUBDOMAIN.fullmatch(self.name):
+        if not is_dns_subdomain(self.name, MAX_NAME):
             raise TemplateError(f"--name {self.name!r}: not a DNS subdomain (lower-case letters, "
                                 f"digits, '-' and '.', at most {MAX_NAME} characters, starting "
                                 "and ending with a letter or digit)")

@@ -79,6 +79,18 @@ def is_dns_label(text: str) -> bool:
     return _DNS_LABEL.fullmatch(text) is not None
 
 
+# An RFC 1123 subdomain: labels joined by dots, at most 253 characters in all.
+_SUBDOMAIN_LABEL = r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?"
+_DNS_SUBDOMAIN = re.compile(rf"{_SUBDOMAIN_LABEL}(?:\.{_SUBDOMAIN_LABEL})*", re.ASCII)
+MAX_DNS_SUBDOMAIN = 253
+
+
+def is_dns_subdomain(text: str, max_length: int = MAX_DNS_SUBDOMAIN) -> bool:
+    """An object's name, a DRA driver's (at most 63) or a pool's segment, as the API server
+    allows it."""
+    return len(text) <= max_length and _DNS_SUBDOMAIN.fullmatch(text) is not None
+
+
 def pod_namespace(meta: dict[str, Any], error: type[FieldError] = FieldError) -> str:
     """`metadata.namespace` of a pod: a namespace's name, or `default` only when missing or
     null (a pods file may leave it out, as kubectl does). Anything else is refused, never read
