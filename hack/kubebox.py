@@ -559,6 +559,7 @@ class Box:
         agent_config: dict | None = None,
         node_helpers: dict[str, list[str]] | None = None,
         dra: bool = False,
+        railyard_ipam: dict | None = None,
     ) -> None:
         self.layout = Layout.for_dir(folder)
         # More agent config (merged into the box's), and processes started on the node just
@@ -571,6 +572,9 @@ class Box:
         # The agent in DRA mode (issue 29): it publishes the node's ResourceSlices and serves
         # kubelet's DRA plugin; the chart's DRA RBAC and DeviceClasses are applied.
         self.dra = dra
+        # IPAM for railyard-cni's interfaces (chained; none by default): `{run_dir}` in a
+        # string value is the box's run folder (host-local's dataDir).
+        self.railyard_ipam = railyard_ipam
         self.node_sysfs = node_tree(node_sysfs) / "sys" if node_sysfs is not None else None
         self.kwok_nodes = kwok_nodes
         self.scheduler_config = scheduler_config
@@ -1027,8 +1031,12 @@ state = "{lay.run_dir / 'containerd'}"
             return
         if self.with_railyard:
             # Chained: eth0 is the bridge's, the pod's VFs become net1, net1-1, … in pair order.
-            conflist["plugins"].append({"type": "railyard-cni", "ifname": "net1",
-                                        "agentSocket": str(self.cni_socket)})
+            ours: dict[str, Any] = {"type": "railyard-cni", "ifname": "net1",
+                                    "agentSocket": str(self.cni_socket)}
+            if self.railyard_ipam is not None:
+                ours["ipam"] = json.loads(json.dumps(self.railyard_ipam).replace(
+                    "{run_dir}", str(self.layout.run_dir)))
+            conflist["plugins"].append(ours)
         (net_d / "10-box.conflist").write_text(json.dumps(conflist, indent=1))
 
     def _multus_config(self, cluster_network: dict[str, Any]) -> None:
@@ -1347,7 +1355,20 @@ def railyard_rbac(*, dra: bool = False) -> dict:
     grant("ClusterRole", EXTENDER_USER)
     grant("Role", EXTENDER_USER, "kube-system")
     grant("ClusterRole", AGENT_USER)
+    if dra:
+        # The chart's agent is a ServiceAccount of its node: `associated-node:patch` lets it
+        # write our claims' status.devices (decision 0113). The box's agent is a certificate
+        # user, never "of a node" to the API server, so it needs the arbitrary-node verb.
+        [agent] = [i for i in items if i["kind"] == "ClusterRole"
+                   and i["metadata"]["name"] == AGENT_USER.replace(":", "-")]
+        agent["rules"] = [*agent["rules"], BOX_AGENT_CLAIM_STATUS_RULE]
     return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+BOX_AGENT_CLAIM_STATUS_RULE = {"apiGroups": ["resource.k8s.io"],
+                               "resources": ["resourceclaims/driver"],
+                               "resourceNames": ["railyard.dev"],
+                               "verbs": ["arbitrary-node:patch"]}
 
 
 def multus_rbac() -> dict:

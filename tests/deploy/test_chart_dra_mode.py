@@ -1,7 +1,7 @@
 """The chart's DRA mode (agent.mode: dra, decision 0111): the agent's flag and config, its
-DRA plugin and CDI folders, RBAC to write ResourceSlices and read claims, and the three
-DeviceClasses, all only in DRA mode; an unknown mode refused by name. Needs the box's pinned
-helm, not root."""
+DRA plugin and CDI folders, RBAC to write ResourceSlices, read claims and write our entries of
+their status (0113), and the three DeviceClasses, all only in DRA mode; an unknown mode refused
+by name. Needs the box's pinned helm, not root."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import yaml
 
 from railyard.agent.config import MODE_DRA, DraOptions, config_from_dict
 from railyard.records.dra_slices import device_classes
+from support.box import kubebox
 from support.chart import CHART, NAMESPACE, documents, helm
 
 
@@ -71,7 +72,13 @@ def test_dra_mode_passes_the_flag_and_settings_and_ships_classes_rbac_and_folder
     assert agent_rules(objects) == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]}]
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        # Our claims' status.devices after a CNI ADD (decision 0113): least privilege, our
+        # driver's entries only, from a ServiceAccount of the claim's node.
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+         "verbs": ["patch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+         "resourceNames": ["railyard.dev"], "verbs": ["associated-node:patch"]}]
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["dra-plugin"] == "/var/lib/kubelet/plugins/railyard.dev"
     assert mounts["cdi"] == "/etc/cdi"
@@ -81,3 +88,16 @@ def test_an_unknown_mode_is_refused_by_name(render):
     with pytest.raises(AssertionError, match=r"agent\.mode: expected extender or dra, got "
                                              "kubelet"):
         render("--set", "agent.mode=kubelet")
+
+
+def test_the_box_grants_its_dra_agent_the_charts_rules_and_the_arbitrary_node_verb(render):
+    """The box's agent is a certificate user, not a ServiceAccount of its node: beside the
+    chart's rules it gets `arbitrary-node:patch` for our driver's claim status (0113)."""
+    [chart] = [o["rules"] for o in render("--set", "agent.mode=dra")
+               if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("agent")]
+    [box] = [i["rules"] for i in kubebox.railyard_rbac(dra=True)["items"]
+             if i["kind"] == "ClusterRole" and i["metadata"]["name"] == "railyard-agent"]
+    assert box == [*chart, {"apiGroups": ["resource.k8s.io"],
+                            "resources": ["resourceclaims/driver"],
+                            "resourceNames": ["railyard.dev"],
+                            "verbs": ["arbitrary-node:patch"]}]
