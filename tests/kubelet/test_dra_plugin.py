@@ -29,6 +29,7 @@ from railyard.kubelet.dra_cdi import KIND, CdiSpecs
 from railyard.kubelet.dra_plugin import DraPlugin
 from railyard.kubelet.dra_prepare import ClaimPreparer, slice_gpus
 from railyard.kubelet.plugin import KubeletPaths
+from railyard.kubelet.podresources import AssignedClaim, AssignedPod
 from railyard.node.state import StateStore
 from railyard.records.dra_names import device_name
 from support.agent import async_test
@@ -127,9 +128,16 @@ class Node:
 
 
 @contextlib.asynccontextmanager
-async def running(node: Node) -> AsyncIterator[dra_grpc.DRAPluginStub]:
-    """The plugin served, and kubelet's client on the service its registration names."""
-    plugin = DraPlugin(node.preparer(), node.kubelet)
+async def running(node: Node, kubelet_holds: list[AssignedPod] | None = None
+                  ) -> AsyncIterator[dra_grpc.DRAPluginStub]:
+    """The plugin served, and kubelet's client on the service its registration names;
+    `kubelet_holds`: the pods and claims PodResources lists (None: kubelet unreachable)."""
+    async def assigned() -> list[AssignedPod]:
+        if kubelet_holds is None:
+            raise ConnectionError("no PodResources socket")
+        return kubelet_holds
+
+    plugin = DraPlugin(node.preparer(), node.kubelet, assigned=assigned)
     await plugin.start()
     try:
         info = await watcher_info(plugin.registration_socket)
@@ -506,6 +514,81 @@ async def test_unprepare_without_its_document_keeps_the_record_the_cni_still_hol
     assert not (Path(node.state_dir) / "pairs" / uid).exists()
 
 
+def held_by_kubelet(node: Node, *claims: dra.Claim) -> list[AssignedPod]:
+    """PodResources' word on the claims' pods: each holds its claim of our driver."""
+    out = []
+    for c in claims:
+        pod = node.api.claims[(c.namespace, c.name)]["status"]["reservedFor"][0]["name"]
+        out.append(AssignedPod(c.namespace, pod, {"main": {}},
+                               (AssignedClaim(c.namespace, c.name, frozenset({"railyard.dev"})),)))
+    return out
+
+
+async def restored(node: Node, *looks: list[AssignedPod]) -> None:
+    """A new agent's plugin started beside kubelet's prepared claims, until its restore is
+    done; kubelet's PodResources answers `looks`, one per call, the last one from then on."""
+    answers = list(looks)
+
+    async def assigned() -> list[AssignedPod]:
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+
+    plugin = DraPlugin(node.preparer(), node.kubelet, assigned=assigned)
+    await plugin.start()
+    try:
+        assert plugin._restore is not None
+        await plugin._restore
+    finally:
+        await plugin.stop()
+
+
+@async_test
+async def test_a_claim_kubelet_holds_prepared_is_prepared_again_after_the_state_was_lost(node):
+    """The state folder lost under a running pod: kubelet will not ask again (its checkpoint
+    says prepared), so the plugin's start prepares the claims PodResources lists for pods
+    without a record, and the CNI finds the record again; unprepare then frees it all."""
+    claim = node.api.add(two_pairs())
+    async with running(node) as stub:
+        await prepare(stub, claim)
+    record = node.store().get(pod_uid(node, claim))
+    spec = CdiSpecs(node.cdi_dir).path(claim.uid).read_text()
+    shutil.rmtree(node.state_dir)
+    await restored(node, held_by_kubelet(node, claim))
+    again = node.store().get(pod_uid(node, claim))
+    assert again is not None and again.allocation == record.allocation
+    assert CdiSpecs(node.cdi_dir).path(claim.uid).read_text() == spec
+    async with running(node) as stub:
+        assert dict((await unprepare(stub, claim)).claims)[claim.uid].error == ""
+    assert node.leftovers() == []
+
+
+@async_test
+async def test_the_start_prepares_nothing_for_pods_with_a_record_or_claims_of_other_drivers(
+        node):
+    mine = node.api.add(two_pairs("mine"))
+    async with running(node) as stub:
+        await prepare(stub, mine)
+    node.api.add(claim_doc("theirs", [("gpu-0", GPU[6])]))
+    theirs = AssignedPod(NS, "pod-0-theirs", {"main": {}},
+                         (AssignedClaim(NS, "theirs", frozenset({"gpu.nvidia.com"})),))
+    kept = node.leftovers()
+    gets = node.api.gets
+    await restored(node, [*held_by_kubelet(node, mine), theirs])
+    assert node.api.gets == gets  # not even read: a record, or not a claim of ours
+    assert node.leftovers() == kept
+
+
+@async_test
+async def test_a_claim_kubelet_unprepared_meanwhile_is_not_prepared_again(node):
+    claim = node.api.add(two_pairs())
+    async with running(node) as stub:
+        await prepare(stub, claim)
+    shutil.rmtree(node.state_dir)
+    for c in CdiSpecs(node.cdi_dir).folder.glob("*"):
+        c.unlink()
+    await restored(node, held_by_kubelet(node, claim), [])  # deleted between the two looks
+    assert node.leftovers() == []
+
+
 @async_test
 async def test_prepare_after_a_crash_mid_prepare_completes_it(node):
     claim = node.api.add(two_pairs())
@@ -526,3 +609,21 @@ def test_cdi_specs_refuse_a_uid_that_is_not_one_path_component(tmp_path):
     for bad in ("../x", "a/b", ""):
         with pytest.raises(StateError, match="not a claim UID"):
             specs.remove(bad)
+
+
+def test_podresources_lists_a_pods_dra_claims_once_with_their_devices_drivers():
+    from railyard.kubelet.api import podresources_pb2 as pr
+    from railyard.kubelet.podresources import _assigned
+
+    def claim(name: str, *drivers: str) -> pr.DynamicResource:
+        return pr.DynamicResource(claim_name=name, claim_namespace=NS, claim_resources=[
+            pr.ClaimResource(driver_name=d, pool_name=NODE, device_name="x") for d in drivers])
+
+    listed = _assigned(pr.PodResources(name="p", namespace=NS, containers=[
+        pr.ContainerResources(name="a", dynamic_resources=[claim("pairs", "railyard.dev")]),
+        pr.ContainerResources(name="b", dynamic_resources=[
+            claim("pairs", "gpu.nvidia.com"), claim("other", "gpu.nvidia.com")])]))
+    assert listed.claims == (
+        AssignedClaim(NS, "pairs", frozenset({"railyard.dev", "gpu.nvidia.com"})),
+        AssignedClaim(NS, "other", frozenset({"gpu.nvidia.com"})))
+    assert listed.containers == {"a": {}, "b": {}}

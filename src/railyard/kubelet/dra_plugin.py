@@ -9,7 +9,9 @@ NodeUnprepareResources with the claims of one pod (and opens the device health s
 `ClaimPreparer`, and an error becomes that claim's error string, never a failed call.
 
 `DraPlugin.start()/stop()` (or `serve_dra_plugin`, until cancelled) is what the agent runs
-beside, or instead of, its device plugins.
+beside, or instead of, its device plugins. At start it also prepares again, once, the claims
+kubelet holds prepared (PodResources) for pods the node has no record of
+(`ClaimPreparer.restore`): kubelet never asks twice.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sized
+from collections.abc import Awaitable, Callable, Sequence, Sized
 
 import grpc
 
@@ -37,7 +39,7 @@ from railyard.kubelet.plugin import (
     PluginError,
     WatcherRegistration,
 )
-from railyard.kubelet.podresources import unix_target
+from railyard.kubelet.podresources import AssignedPod, PodResourcesClient, unix_target
 from railyard.records.fields import clipped
 
 log = logging.getLogger(__name__)
@@ -121,8 +123,12 @@ class DraPlugin:
     """Serves the DRA service and its registration; serves again if a socket is removed."""
 
     def __init__(self, preparer: ClaimPreparer, paths: KubeletPaths,
-                 health: DraHealth | None = None) -> None:
+                 health: DraHealth | None = None,
+                 assigned: Callable[[], Awaitable[Sequence[AssignedPod]]] | None = None
+                 ) -> None:
         self.preparer = preparer
+        # What kubelet holds prepared, for the claims to prepare again at start (PodResources).
+        self.assigned = assigned or PodResourcesClient(paths.pod_resources_socket).list
         self.driver = preparer.driver
         # The agent's health scan calls `health.update`; the pool is the node's (our slices').
         self.health = health if health is not None else DraHealth(preparer.devices,
@@ -135,13 +141,29 @@ class DraPlugin:
         self._service: grpc.aio.Server | None = None
         self._registrar: grpc.aio.Server | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._restore: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         """Serve the service first, then the registration kubelet will find."""
         async with self._lock:
             await self._ensure()
-        self._watch = asyncio.get_running_loop().create_task(self._keep_serving())
+        loop = asyncio.get_running_loop()
+        self._watch = loop.create_task(self._keep_serving())
+        self._restore = loop.create_task(self._restore_prepared())
+
+    async def _restore_prepared(self) -> None:
+        """Once at start: the claims kubelet holds prepared whose pods the node has no
+        record of (its state folder lost) prepared again (`ClaimPreparer.restore`)."""
+        try:
+            restored = await self.preparer.restore(self.assigned)
+        except Exception as e:  # kubelet not there yet, or restarting: nothing to restore
+            log.info("DRA driver %s: prepared claims not compared with kubelet's (%s)",
+                     self.driver, e)
+            return
+        if restored:
+            log.warning("DRA driver %s: %d claims prepared again: %s", self.driver,
+                        len(restored), ", ".join(map(str, restored)))
 
     async def _ensure(self) -> None:
         if self._service is None or not os.path.exists(self.service_socket):
@@ -170,11 +192,12 @@ class DraPlugin:
 
     async def stop(self) -> None:
         """Stop both servers and remove the sockets: kubelet deregisters the driver."""
-        if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
-            self._watch = None
+        for task in (self._watch, self._restore):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._watch = self._restore = None
         async with self._lock:
             for server, path in ((self._registrar, self.registration_socket),
                                  (self._service, self.service_socket)):

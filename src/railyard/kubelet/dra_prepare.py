@@ -3,16 +3,17 @@
 `ClaimPreparer.prepare` reads the claim from the API server (kubelet passes only its name),
 turns its allocation into the pod's Allocation record in the node store (the record the CNI
 and the pair map read), writes the pair file and the claim's CDI spec, and answers the CDI IDs.
-`unprepare` removes exactly what the prepared-claim document says prepare made. Both redo or
-undo from what is on disk, so a retry, an agent restart or a lost memory ends right
-(decision 0109).
+`unprepare` removes exactly what the prepared-claim document says prepare made (without it,
+what the claim's pair file leads to). Both redo or undo from what is on disk, so a retry, an
+agent restart or a lost memory ends right (decision 0109); `restore` prepares again what
+kubelet holds prepared when the node lost it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -42,6 +43,7 @@ from railyard.kubelet.pairmap import (
     container_pairs,
     pair_file_json,
 )
+from railyard.kubelet.podresources import AssignedPod
 from railyard.node.attachments import attached_pods
 from railyard.node.errors import StateError
 from railyard.node.pairfiles import PairFiles
@@ -117,6 +119,48 @@ class ClaimPreparer:
             # In a worker thread: a few fsyncs, which the agent's loop (the device plugins,
             # the CNI service) should not wait on.
             return await asyncio.to_thread(self._prepare, claim, other)
+
+    async def restore(self, assigned: Callable[[], Awaitable[Sequence[AssignedPod]]]
+                      ) -> list[ClaimRef]:
+        """Prepare again the claims of ours kubelet holds prepared (PodResources, `assigned`)
+        for pods the node has no record of: a state folder lost, or a new agent beside
+        running pods. Kubelet never asks again (its checkpoint says prepared), and without
+        the record a sandbox made again would get no VFs from the CNI. The claims restored;
+        one that cannot be read or prepared is logged and left."""
+        found: list[ClaimRef] = []
+        for pod in await assigned():
+            if self.store.find(pod.namespace, pod.name) is not None:
+                continue
+            for c in pod.claims:
+                if self.driver not in c.drivers:
+                    continue
+                try:
+                    doc = await self.claims.claim(c.namespace, c.name)
+                except Exception as e:
+                    log.warning("claim %s/%s of pod %s/%s, prepared by kubelet, not read: %s",
+                                c.namespace, c.name, pod.namespace, pod.name, e)
+                    continue
+                meta = doc.get("metadata") if isinstance(doc, dict) else None
+                uid = meta.get("uid") if isinstance(meta, dict) else None
+                if isinstance(uid, str) and is_pod_uid(uid):
+                    found.append(ClaimRef(c.namespace, uid, c.name))
+        if not found:
+            return []
+        # Only what kubelet still holds: a pod deleted meanwhile had its claims unprepared.
+        still = {(c.namespace, c.name) for p in await assigned() for c in p.claims}
+        restored = []
+        for ref in found:
+            if (ref.namespace, ref.name) not in still:
+                continue
+            try:
+                await self.prepare(ref)
+            except Exception as e:
+                log.warning("claim %s, prepared by kubelet, not prepared again: %s", ref, e)
+                continue
+            log.warning("claim %s: kubelet holds it prepared and the node had no record of "
+                        "its pod; prepared again from the claim", ref)
+            restored.append(ref)
+        return restored
 
     def _prepare(self, claim: ClaimAllocation, other: OtherGpu | None
                  ) -> tuple[PreparedDevice, ...]:

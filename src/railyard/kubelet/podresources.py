@@ -25,12 +25,23 @@ def unix_target(path: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class AssignedClaim:
+    """A DRA claim kubelet holds prepared for one of the pod's containers, and the drivers
+    of its devices there."""
+
+    namespace: str
+    name: str
+    drivers: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
 class AssignedPod:
     namespace: str
     name: str
     # container -> resource -> device IDs, in kubelet's order: built from a Go map, so it may
     # differ between calls; nothing may read pair order from it
     containers: dict[str, dict[str, tuple[str, ...]]]
+    claims: tuple[AssignedClaim, ...] = ()  # each once, over all containers
 
     def ids(self, resource: str) -> tuple[str, ...]:
         return tuple(i for c in self.containers.values() for i in c.get(resource, ()))
@@ -41,12 +52,18 @@ class AssignedPod:
 
 def _assigned(p: pb.PodResources) -> AssignedPod:
     containers: dict[str, dict[str, tuple[str, ...]]] = {}
+    claims: dict[tuple[str, str], set[str]] = {}
     for c in p.containers:
         per: dict[str, list[str]] = {}
         for d in c.devices:
             per.setdefault(d.resource_name, []).extend(d.device_ids)
         containers[c.name] = {r: tuple(ids) for r, ids in per.items()}
-    return AssignedPod(p.namespace, p.name, containers)
+        for dr in c.dynamic_resources:
+            claims.setdefault((dr.claim_namespace, dr.claim_name), set()).update(
+                r.driver_name for r in dr.claim_resources)
+    return AssignedPod(p.namespace, p.name, containers,
+                       tuple(AssignedClaim(ns, name, frozenset(drivers))
+                             for (ns, name), drivers in claims.items()))
 
 
 class PodResourcesClient:
