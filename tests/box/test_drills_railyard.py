@@ -24,7 +24,17 @@ from railyard.allocation.types import Allocation
 from railyard.kubelet.podresources import AssignedPod, PodResourcesClient
 from railyard.node.state import PodRecord, StateStore
 from railyard.records.allocation import decode_allocation
-from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
+from support.box import (
+    get,
+    host_macs,
+    kubebox,
+    links_inside,
+    namespace,
+    phase,
+    pod,
+    running_box,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -83,17 +93,6 @@ def devices(allocation: Allocation) -> set[str]:
     """Every device the allocation holds, by PCI address."""
     return {g.pci_address for g in allocation.all_gpus} | {
         n.pci_address for n in allocation.all_nics}
-
-
-def host_macs(box) -> dict[str, str]:
-    out = kubebox.run(box.in_box(["ip", "-j", "link", "show"])).stdout
-    return {link["ifname"]: link.get("address", "") for link in json.loads(out)}
-
-
-def links_inside(log: str) -> dict[str, str]:
-    """`ip -o link` lines by interface name."""
-    return {line.split(":")[1].strip().split("@")[0]: line for line in log.splitlines()
-            if ": <" in line}
 
 
 def extender(box, path: str) -> dict:

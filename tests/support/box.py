@@ -104,6 +104,18 @@ def phase(box, ns: str, name: str) -> str:
     return get(box, "pod", name, "-n", ns).get("status", {}).get("phase", "")
 
 
+def host_macs(box) -> dict[str, str]:
+    """The box's links (the node's host namespace) by name, with their MACs."""
+    out = kubebox.run(box.in_box(["ip", "-j", "link", "show"])).stdout
+    return {link["ifname"]: link.get("address", "") for link in json.loads(out)}
+
+
+def links_inside(log: str) -> dict[str, str]:
+    """`ip -o link` lines (a pod's log) by interface name."""
+    return {line.split(":")[1].strip().split("@")[0]: line for line in log.splitlines()
+            if ": <" in line}
+
+
 def run_to_success(box, ns: str, manifest: dict) -> str:
     """Create a pod, wait until it Succeeded, return its log."""
     name = manifest["metadata"]["name"]
