@@ -35,6 +35,8 @@ without Railyard runs no Railyard). The modes:
   nodes it ranks best).
 - `koordinator`: from `benchmarks/koordinator_mode.py` when it is there: its
   `mode(bench: Bench) -> Mode` (see `Mode`).
+- `dra`: from `benchmarks/dra_mode.py` (issue 29), the same way: kube-scheduler's own DRA
+  allocator, no extender, on the nodes' Railyard ResourceSlices, each pod one claim.
 
 Each node is a `dgx-h100` with 8 VFs per PF (kwok's capacity: 8 GPUs, 64 VFs); the pods are
 the extender benchmark's mix (1, 2, 4 or 8 GPUs with as many VFs, and VF-only pods),
@@ -290,6 +292,13 @@ class Mode:
     extender_args: tuple[str, ...] = ()  # more options of that process, for this mode
     # Once, after the NodeTopology CRs, with the node names: what the mode's nodes need more.
     setup: Callable[[list[str]], Awaitable[None]] | None = None
+    # Each round, with the admin client and the round's namespace: once it exists, before
+    # the pods (DRA's claim templates); once the pods exist, before the background sample
+    # (until their claims are made).
+    in_namespace: Callable[[Client, str], Awaitable[None]] | None = None
+    pods_created: Callable[[Client, str], Awaitable[None]] | None = None
+    # What `report` reads: the round's objects listed from this path (`{ns}`: the round's).
+    report_list: str = "/api/v1/namespaces/{ns}/pods"
     report: Callable[[list[dict[str, Any]]], dict[str, float]] | None = None
 
 
@@ -409,21 +418,20 @@ class Bench:
             return Mode(name, start=lambda: self.start_kube_scheduler(self.plain),
                         stop=self.stop_kube_scheduler,
                         scheduler_metrics=self.kube_scheduler_metrics)
-        if name == "koordinator":
+        if name in ("koordinator", "dra"):
             # It imports this module by name: let that be this one, not a second copy.
             sys.modules.setdefault("scheduling", sys.modules[__name__])
             try:
-                koordinator = importlib.import_module("koordinator_mode")
+                module = importlib.import_module(f"{name}_mode")
             except ImportError as e:
-                raise SystemExit(f"mode koordinator needs benchmarks/koordinator_mode.py: "
-                                 f"{e}") from None
-            made = koordinator.mode(self)
-            assert isinstance(made, Mode), "koordinator_mode.mode(bench) returns a Mode"
+                raise SystemExit(f"mode {name} needs benchmarks/{name}_mode.py: {e}") from None
+            made = module.mode(self)
+            assert isinstance(made, Mode), f"{name}_mode.mode(bench) returns a Mode"
             return made
         kind, _, variant = name.partition("+")
         if kind not in ("trivial", "railyard") or variant not in ("", "prioritize"):
             raise SystemExit(f"unknown mode {name!r}: plain, trivial, railyard, "
-                             "trivial+prioritize, railyard+prioritize, koordinator")
+                             "trivial+prioritize, railyard+prioritize, koordinator, dra")
         shipped = WITH_PRIORITIZE if variant else SHIPPED
         process = "railyard-scheduler" if kind == "railyard" else "trivial-extender"
         url = self.railyard_url if kind == "railyard" else self.trivial_url
@@ -464,6 +472,8 @@ class Bench:
             await client.create("/api/v1/namespaces", {
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, Object)
             await self.wait_service_account(client, ns)
+            if mode.in_namespace is not None:
+                await mode.in_namespace(client, ns)
             gate = asyncio.Semaphore(16)
 
             async def create(i: int) -> None:
@@ -474,6 +484,8 @@ class Bench:
             await asyncio.gather(*(create(i) for i in range(self.args.pods)))
             pods, version = await client.list(f"/api/v1/namespaces/{ns}/pods", Pod)
             assert not any(p.spec.node_name for p in pods)
+            if mode.pods_created is not None:
+                await mode.pods_created(client, ns)
             idle = self.cpu(processes)
             await asyncio.sleep(IDLE_SAMPLE_S)  # kwok's node leases, the watches: background
             before_api = await api_requests(client)
@@ -500,7 +512,7 @@ class Bench:
             extra: dict[str, float] = {}
             if mode.report is not None:
                 raw = msgspec.json.decode(await client.request(
-                    "GET", f"/api/v1/namespaces/{ns}/pods"))
+                    "GET", mode.report_list.format(ns=ns)))
                 extra = mode.report(raw.get("items") or [])
                 # Of every multi-GPU pod the round asked, bound or not: on a cluster filling
                 # up, a scheduler that leaves the pods it cannot align Pending keeps its share
@@ -694,7 +706,8 @@ def table(rounds: list[Round], args: argparse.Namespace, shapes: str) -> str:
         f"{name} {value}" for name, value in medians.items()) + ".")
     for a, b in (("railyard", "trivial"), ("railyard", "plain"), ("trivial", "plain"),
                  ("railyard+prioritize", "trivial+prioritize"),
-                 ("railyard+prioritize", "plain"), ("koordinator", "plain")):
+                 ("railyard+prioritize", "plain"), ("koordinator", "plain"),
+                 ("dra", "plain"), ("dra", "railyard")):
         if a in medians and b in medians and medians[b]:
             lines.append(f"- {a} ÷ {b}: **{medians[a] / medians[b]:.2f}×**")
     return "\n".join(lines)
@@ -829,7 +842,7 @@ def main() -> int:
                    default=["plain", "trivial", "railyard"],
                    help="comma-separated, run interleaved in this order (default "
                    "plain,trivial,railyard; also trivial+prioritize, railyard+prioritize, "
-                   "koordinator)")
+                   "koordinator, dra)")
     p.add_argument("--reps", type=int, default=1, help="rounds per mode (default 1)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=600.0,
