@@ -1,0 +1,152 @@
+"""KEP-4817's network data on the box's real kube-apiserver, kubelet and containerd v1.36.3
+(`hack/box up --with-railyard --dra`, railyard-cni chained with host-local addresses): after the
+ADD of a pod whose claim comes from `railyard dra claim-template --pairs 2`, the stored claim's
+status.devices names each of its VFs with the interface name, MAC and address the pod has
+inside (`ip -o link` / `ip -o addr` in the pod), written by the agent's own identity through
+the RBAC the chart grants (decision 0113). Another manager's entry in the same list stays when
+the agent applies its entries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from railyard.cni.context import PodInterface
+from railyard.kube.client import Client
+from railyard.kube.config import load_kubeconfig
+from railyard.kubelet.dra_status import WRITTEN, ClaimStatusWriter
+from railyard.records.dra_claims import PairRequest, claim_template
+from railyard.records.dra_names import DRIVER
+from support.box import get, kubebox, namespace, pod, running_box, wait_for
+
+pytestmark = [pytest.mark.root, pytest.mark.box]
+
+AGENT = "railyard-agent"
+SUBNET = "10.77.0.0/24"
+SHOW = "ip -o link; ip -o addr; echo '<shown>'; sleep 600"
+
+
+@pytest.fixture(scope="module")
+def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    folder = tmp_path_factory.mktemp("dra-network-data")
+    kubebox.run([*kubebox.railyard_command(), "fixture", "--profile", "dgx-h100",
+                 "--vfs-per-pf", "2", str(folder / "node")])
+    ipam = {"type": "host-local", "ranges": [[{"subnet": SUBNET}]],
+            "dataDir": "{run_dir}/railyard-ipam"}
+    with running_box(folder / "box", node_sysfs=folder / "node" / "sys", with_railyard=True,
+                     dra=True, railyard_ipam=ipam) as box:
+        log = Path(next(s.log for s in box.state.started if s.name == AGENT))
+        wait_for("kubelet to register the DRA driver", lambda: f"{DRIVER}: registered through "
+                 "the plugin watcher" in log.read_text(), timeout=60)
+        yield box
+
+
+def start(box, ns: str, name: str) -> None:
+    template = claim_template(PairRequest(name=f"{name}-pairs", pairs=2))
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
+    manifest = pod(name, ["sh", "-c", SHOW])
+    manifest["spec"]["resourceClaims"] = [{"name": "pairs",
+                                           "resourceClaimTemplateName": f"{name}-pairs"}]
+    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+
+
+def inside(box, ns: str, name: str) -> dict[str, tuple[str, list[str]]]:
+    """Each interface in the pod but lo and eth0: (MAC, its IPv4 addresses in CIDR form)."""
+    log = wait_for("the pod to show its interfaces",
+                   lambda: (t := box.kubectl("logs", "-n", ns, name, check=False))
+                   and "<shown>" in t and t, timeout=120)
+    macs = {m[1].split("@")[0]: m[2] for m in
+            re.finditer(r"^\d+: ([^:]+):.*link/ether ([0-9a-f:]{17})", log, re.M)}
+    ips: dict[str, list[str]] = {}
+    for m in re.finditer(r"^\d+: (\S+)\s+inet (\S+)", log, re.M):
+        ips.setdefault(m[1], []).append(m[2])
+    return {n: (mac, ips.get(n, [])) for n, mac in macs.items() if n not in ("lo", "eth0")}
+
+
+def claim_of(box, ns: str) -> dict:
+    [claim] = get(box, "resourceclaims", "-n", ns, "--show-managed-fields")["items"]
+    return claim
+
+
+def ours(claim: dict) -> list[dict]:
+    return [d for d in claim.get("status", {}).get("devices", []) if d["driver"] == DRIVER]
+
+
+def test_the_claims_status_names_each_vf_as_the_pod_has_it(dra_box):
+    box = dra_box
+    ns = namespace(box)
+    start(box, ns, "net")
+    try:
+        seen = inside(box, ns, "net")
+        assert set(seen) == {"net1", "net1-1"}, seen
+        claim = wait_for("the agent to write the claim's network data",
+                         lambda: (c := claim_of(box, ns)) and len(ours(c)) == 2 and c,
+                         timeout=60)
+        results = claim["status"]["allocation"]["devices"]["results"]
+        nics = [r for r in results if r["request"].startswith("nic")]
+        # One entry per VF, in pair order, named by pool and device as the allocation is.
+        assert [(d["pool"], d["device"]) for d in ours(claim)] == [
+            (r["pool"], r["device"]) for r in nics]
+        for entry, ifname in zip(ours(claim), ("net1", "net1-1"), strict=True):
+            mac, ips = seen[ifname]
+            assert entry["networkData"] == {"interfaceName": ifname, "hardwareAddress": mac,
+                                            "ips": ips}, entry
+            assert len(ips) == 1 and ips[0].startswith("10.77.0.")
+        # Our manager owns exactly those entries, by server-side apply.
+        managers = {m["manager"]: m for m in claim["metadata"]["managedFields"]
+                    if m.get("subresource") == "status"}
+        assert managers[AGENT]["operation"] == "Apply"
+        events = get(box, "events", "-n", ns)["items"]
+        assert not [e for e in events if e["reason"] == "RailyardClaimStatusNotWritten"]
+
+        # Another manager's entry (one of the claim's GPUs) beside ours: the agent's apply
+        # again, with its own credentials, leaves it and keeps ours as they were.
+        gpu = next(r for r in results if r["request"].startswith("gpu"))
+        other = {"driver": gpu["driver"], "pool": gpu["pool"], "device": gpu["device"],
+                 "data": {"note": "another manager's"}}
+        box.kubectl("patch", "resourceclaim", claim["metadata"]["name"], "-n", ns,
+                    "--subresource=status", "--type=json", "--field-manager=box-other",
+                    "-p", json.dumps([{"op": "add", "path": "/status/devices/-",
+                                       "value": other}]))
+        before = ours(claim_of(box, ns))
+        pod_uid = get(box, "pod", "net", "-n", ns)["metadata"]["uid"]
+        assert again(box, pod_uid, claim, seen) == [WRITTEN]
+        after = claim_of(box, ns)
+        assert ours(after) == before
+        kept = [d for d in after["status"]["devices"] if d["device"] == gpu["device"]]
+        # (The API server stores `conditions: null` on every entry: the Go field has no
+        # omitempty.)
+        assert [{k: v for k, v in d.items() if v is not None} for d in kept] == [other]
+    finally:
+        box.kubectl("delete", "pod", "net", "-n", ns, "--wait=false", check=False)
+
+
+def again(box, pod_uid: str, claim: dict, seen: dict[str, tuple[str, list[str]]]) -> list[str]:
+    """The agent's write of the pod's interfaces, once more, as the agent (its kubeconfig,
+    its state folder): what an ADD of a sandbox made again would apply."""
+    nics = [r for r in claim["status"]["allocation"]["devices"]["results"]
+            if r["request"].startswith("nic")]
+    interfaces = [PodInterface(_pci(r["device"]), name, seen[name][0], tuple(seen[name][1]))
+                  for r, name in zip(nics, ("net1", "net1-1"), strict=True)]
+
+    async def write() -> list[str]:
+        config = load_kubeconfig(box.layout.dir / "config/railyard-agent.kubeconfig")
+        async with Client(config) as client:
+            writer = ClaimStatusWriter(client, str(box.layout.dir / "railyard-state"),
+                                       asyncio.get_running_loop(), node=kubebox.NODE_NAME)
+            return await writer.write(pod_uid, interfaces)
+
+    return asyncio.run(write())
+
+
+def _pci(device: str) -> str:
+    """`pci-0000-18-00-2` → `0000:18:00.2` (records.dra_names.device_name, backwards)."""
+    d, b, s, f = device.removeprefix("pci-").split("-")
+    return f"{d}:{b}:{s}.{f}"
