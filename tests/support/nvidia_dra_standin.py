@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
@@ -289,6 +290,10 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
 
 
 def main() -> None:
+    # Run as a script, its own folder (tests/support) leads sys.path, and its http.py would
+    # shadow the standard library's for the API client imported in `run`.
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sysfs-root", required=True)
     parser.add_argument("--node-name", required=True)
