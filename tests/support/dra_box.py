@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from railyard.discovery.discover import discover
-from railyard.records.dra_names import DRIVER, device_name
+from railyard.records.dra_names import DRIVER, PCI_BUS_ID, device_name
 from railyard.topology.model import NodeTopology
 from railyard.topology.rails import assign_rails
 from support.box import get, kubebox, pod, running_box, wait_for
@@ -79,8 +79,28 @@ def env_of(log: str) -> dict[str, str]:
 def start_pod(box, ns: str, name: str, rails: tuple[int, int], *,
               command: str = SHOW) -> None:
     """A pod whose one claim comes from a two-pair template on `rails`."""
-    template = two_pairs_template(rails)
-    template["metadata"]["name"] = f"{name}-pairs"
+    claim_pod(box, ns, name, two_pairs_template(rails), command=command)
+
+
+def pinned_template(node: Node, claim: dict) -> dict:
+    """A template asking, request by request, for exactly the devices `claim` was given (by
+    their standard `pciBusID`: CEL sees no device name)."""
+    pci = {device_name(d.pci_address): d.pci_address
+           for d in (*node.topology.gpus, *(v for n in node.topology.nics for v in n.vfs))}
+    domain, attribute = PCI_BUS_ID.split("/")
+    requests = [{"name": r["request"], "exactly": {
+        "deviceClassName": "railyard-gpu" if r["request"].startswith("gpu") else "railyard-vf",
+        "selectors": [{"cel": {"expression":
+            f'device.attributes["{domain}"].{attribute} == "{pci[r["device"]]}"'}}]}}
+        for r in claim["status"]["allocation"]["devices"]["results"]]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "pinned"},
+            "spec": {"spec": {"devices": {"requests": requests}}}}
+
+
+def claim_pod(box, ns: str, name: str, template: dict, *, command: str = SHOW) -> None:
+    """A pod running `command` whose one claim comes from `template`."""
+    template = {**template, "metadata": {"name": f"{name}-pairs"}}
     box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
     manifest = pod(name, ["sh", "-c", command])
     manifest["spec"]["resourceClaims"] = [{"name": "pairs",
@@ -89,9 +109,11 @@ def start_pod(box, ns: str, name: str, rails: tuple[int, int], *,
     box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
 
 
-def allocated_claim(box, ns: str) -> dict:
+def allocated_claim(box, ns: str, pod_name: str | None = None) -> dict:
+    """The namespace's one claim (or pod `pod_name`'s) once kube-scheduler allocated it."""
     def claim() -> dict | None:
-        items = get(box, "resourceclaims", "-n", ns)["items"]
+        items = [c for c in get(box, "resourceclaims", "-n", ns)["items"] if pod_name is None
+                 or any(o["name"] == pod_name for o in c["metadata"].get("ownerReferences", []))]
         return items[0] if items and "allocation" in items[0].get("status", {}) else None
     return wait_for("kube-scheduler to allocate the claim", claim, timeout=60)
 
