@@ -41,6 +41,7 @@ from railyard.records.dra_names import (
 from railyard.records.dra_slices import device_classes, node_slices
 from railyard.topology.model import Distance, NodeTopology
 from support.box import get, kubebox, namespace, pod, running_box, wait_for
+from support.nvidia_dra_standin import device_class, resource_slice
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -91,26 +92,10 @@ def trap_devices() -> list[dict]:
 
 def nvidia_objects(t: NodeTopology) -> list[dict]:
     """NVIDIA's GPU DRA driver's DeviceClass (as its chart writes it) and a slice of the node's
-    GPUs in its form: `gpu-<index>`, its own attributes unqualified, the standard pciBusID,
-    pcieRoot and numaNode."""
-    cls = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-           "metadata": {"name": NVIDIA_GPU_CLASS},
-           "spec": {"selectors": [{"cel": {"expression":
-               "device.driver == 'gpu.nvidia.com' && "
-               "device.attributes['gpu.nvidia.com'].type == 'gpu'"}}]}}
-    devices = [{"name": f"gpu-{i}", "attributes": {
-        "type": {"string": "gpu"}, "index": {"int": i},
-        "productName": {"string": "NVIDIA H100 80GB HBM3"},
-        "uuid": {"string": f"GPU-00000000-0000-0000-0000-00000000000{i}"},
-        PCI_BUS_ID: {"string": g.pci_address}, PCIE_ROOT: {"string": g.pcie_root},
-        **({NUMA_NODE: {"int": g.numa_node}} if g.numa_node is not None else {})}}
-        for i, g in enumerate(t.gpus)]
-    slice_ = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-              "metadata": {"name": f"{t.node}-gpu-nvidia-com"},
-              "spec": {"driver": NVIDIA_GPU_CLASS, "nodeName": t.node,
-                       "pool": {"name": t.node, "generation": 1, "resourceSliceCount": 1},
-                       "devices": devices}}
-    return [cls, slice_]
+    GPUs in its form (`gpu-<minor>`, its own attributes unqualified, the standard pciBusID,
+    pcieRoot and numaNode): the NVIDIA GPU DRA driver stand-in's, named for `kubectl apply`."""
+    slice_ = resource_slice(t)
+    return [device_class(), {**slice_, "metadata": {"name": f"{t.node}-gpu-nvidia-com"}}]
 
 
 def node_slice(node: str, devices: list[dict]) -> dict:

@@ -16,6 +16,7 @@ from railyard.discovery.profiles import PROFILES, build_topology
 from railyard.kubelet.api import dra_pb2 as dra
 from railyard.kubelet.dra_claim import ResultDevice
 from railyard.kubelet.dra_prepare import slice_gpus
+from railyard.records.dra_claims import NVIDIA_GPU_CLASS
 from railyard.records.dra_names import PCIE_ROOT, device_name
 from railyard.records.dra_slices import node_slices
 from support.nvidia_dra_standin import (
@@ -23,6 +24,7 @@ from support.nvidia_dra_standin import (
     PrepareError,
     StandIn,
     claim_results,
+    device_class,
     resource_slice,
     spec_path,
     uuid_of,
@@ -42,6 +44,8 @@ def test_its_slice_is_nvidias_form_and_railyard_places_every_gpu_by_it():
         "driverVersion", "cudaDriverVersion", "resource.kubernetes.io/pciBusID",
         "resource.kubernetes.io/pcieRoot", "resource.kubernetes.io/numaNode"}
     assert set(devices[0]["capacity"]) == {"memory"}
+    # The DeviceClass `claim-template --gpus nvidia` names is the one NVIDIA's chart installs.
+    assert device_class()["metadata"]["name"] == NVIDIA_GPU_CLASS
     # The pcieRoot Railyard's own slice gives the same GPU: one value, from discovery.
     own = {d["name"]: d["attributes"] for sl in node_slices(TOPO, publish_gpus=True)
            for d in sl["spec"].get("devices", [])}
