@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from railyard.kubelet.dra_cdi import CdiSpecs
-from railyard.kubelet.dra_prepared import PreparedClaims
-from railyard.node.state import StateStore
+from railyard.kubelet.dra_prepared import PreparedClaim, PreparedClaims
+from railyard.node.state import PodRecord, StateStore
 from support.box import get, host_macs, kubebox, links_inside, namespace, phase, wait_for
 from support.dra_box import (
     AGENT,
@@ -124,53 +125,76 @@ def prepared_nothing_for(node: Node, claim_uid: str, pod_uid: str) -> bool:
             and not (Path(node.state_dir) / "pairs" / pod_uid).exists())
 
 
-def test_agent_restarted_between_prepare_and_the_cni_add_gives_the_pod_exactly_its_claims_vfs(
-        dra_box, ns):
-    """The CNI ADD is held back, with kubelet's NodePrepareResources already answered: the
+@dataclass(frozen=True)
+class Held:
+    """A pod whose claim kubelet prepared and whose sandbox's ADD found no CNI service, and
+    what the node had of it then."""
+
+    claim: dict
+    uid: str  # the claim's
+    pod_uid: str
+    record: PodRecord
+    document: PreparedClaim
+    spec: str  # the CDI spec's text
+
+
+def held_at_the_add(box, node: Node, ns: str, name: str, rails: tuple[int, int],
+                    while_stopped: Callable[[], None] = lambda: None) -> Held:
+    """The CNI ADD held back, with kubelet's NodePrepareResources already answered: the
     agent's CNI socket is moved aside (the DRA plugin keeps its own sockets), so kubelet
     prepares the claim (its CDI spec is there) and the sandbox's ADD finds no service
     ("railyard CNI service unreachable", which kubelet reports as FailedCreatePodSandBox and
-    retries). The agent restarts there (a new process, nothing in memory); kubelet's retry
-    reaches it and the pod runs with exactly its claim's VFs in pair order, from the record
-    prepare wrote: the same record, document and CDI spec, the claim allocated once."""
-    box, node = dra_box
-    macs = host_macs(box)
+    retries). The agent is restarted there (`while_stopped` done while it is down); kubelet's
+    next try reaches the new process."""
     aside = Path(f"{box.cni_socket}.aside")
     kubebox.run(box.on_node(["mv", str(box.cni_socket), str(aside)]))
     try:
-        start_pod(box, ns, "held", (2, 5), command=SLEEP)
+        start_pod(box, ns, name, rails, command=SLEEP)
         claim = allocated_claim(box, ns)
         uid = claim["metadata"]["uid"]
         cdi = CdiSpecs(node.cdi_dir).path(uid)
         wait_for("kubelet to prepare the claim", cdi.exists, timeout=60)
         message = wait_for("the sandbox's ADD to find no CNI service",
-                           lambda: events(box, ns, "held", "FailedCreatePodSandBox"), timeout=90)
+                           lambda: events(box, ns, name, "FailedCreatePodSandBox"), timeout=90)
         assert "railyard CNI service unreachable" in message, message
-        assert phase(box, ns, "held") == "Pending"
-        pod_uid = uid_of(box, ns, "held")
+        assert phase(box, ns, name) == "Pending"
+        pod_uid = uid_of(box, ns, name)
         record = StateStore(node.state_dir, kubebox.NODE_NAME).get(pod_uid)
         document = PreparedClaims(node.state_dir).get(uid)
-        spec = cdi.read_text()
         assert record is not None and document is not None
-        restart_agent(box)
+        held = Held(claim, uid, pod_uid, record, document, cdi.read_text())
+        restart_agent(box, while_stopped)
     finally:  # the socket back where the drill stopped short of the restart
         kubebox.run(box.on_node(["sh", "-c", 'test -e "$0" || mv "$1" "$0"; rm -f "$1"',
                                  str(box.cni_socket), str(aside)]))
+    return held
+
+
+def test_agent_restarted_between_prepare_and_the_cni_add_gives_the_pod_exactly_its_claims_vfs(
+        dra_box, ns):
+    """The agent restarts between kubelet's prepare and the sandbox's ADD (a new process,
+    nothing in memory): the pod runs with exactly its claim's VFs in pair order, from the
+    record prepare wrote: the same record, document and CDI spec, the claim allocated and
+    prepared once."""
+    box, node = dra_box
+    macs = host_macs(box)
+    held = held_at_the_add(box, node, ns, "held", (2, 5))
+    uid, pod_uid = held.uid, held.pod_uid
     log = wait_for("pod held to run and list its links", lambda: running_log(box, ns, "held"),
                    timeout=180)
 
-    vfs = [v for _, v in claim_vfs(node, claim)]
-    assert [p.nic.pci_address for p in record.allocation.pairs] == \
+    vfs = [v for _, v in claim_vfs(node, held.claim)]
+    assert [p.nic.pci_address for p in held.record.allocation.pairs] == \
         [v.pci_address for v in vfs]
     assert_inside(log, vfs, macs)
     # Prepared once: the record (its first stamp), the document and the spec as prepare wrote
     # them, the claim's allocation as kube-scheduler made it, and no other pod's record.
     store = StateStore(node.state_dir, kubebox.NODE_NAME)
-    assert store.get(pod_uid) == record
-    assert PreparedClaims(node.state_dir).get(uid) == document
-    assert cdi.read_text() == spec
-    assert get(box, "resourceclaim", claim["metadata"]["name"], "-n", ns)["status"][
-        "allocation"] == claim["status"]["allocation"]
+    assert store.get(pod_uid) == held.record
+    assert PreparedClaims(node.state_dir).get(uid) == held.document
+    assert CdiSpecs(node.cdi_dir).path(uid).read_text() == held.spec
+    assert get(box, "resourceclaim", held.claim["metadata"]["name"], "-n", ns)["status"][
+        "allocation"] == held.claim["status"]["allocation"]
     assert [r.uid for r in store.all()] == [pod_uid]
     assert agent_said(box, uid, "prepared for pod") == 1  # kubelet did not prepare it again
 
@@ -179,7 +203,33 @@ def test_agent_restarted_between_prepare_and_the_cni_add_gives_the_pod_exactly_i
              timeout=90)
     wait_for("the VFs back in the host", lambda: all(
         host_macs(box).get(v.netdev) == macs[v.netdev] for v in vfs), timeout=60)
-    the_next_pod_gets_them(box, ns, node, claim, vfs, macs)
+    the_next_pod_gets_them(box, ns, node, held.claim, vfs, macs)
+
+
+def test_the_state_lost_between_prepare_and_the_cni_add_is_prepared_again_and_the_pod_gets_its_vfs(
+        dra_box, ns):
+    """The agent's state folder lost while the sandbox's ADD is held back: kubelet will not
+    prepare the claim again (its checkpoint says prepared), so the restarted agent prepares
+    again what kubelet holds, and the ADD finds the pod's record: the pod runs with exactly its
+    claim's VFs in pair order (without it the ADD moved nothing and the pod ran without them)."""
+    box, node = dra_box
+    macs = host_macs(box)
+    held = held_at_the_add(box, node, ns, "reborn", (0, 7),
+                           lambda: shutil.rmtree(node.state_dir))
+    log = wait_for("pod reborn to run and list its links",
+                   lambda: running_log(box, ns, "reborn"), timeout=180)
+    vfs = [v for _, v in claim_vfs(node, held.claim)]
+    assert_inside(log, vfs, macs)
+    record = StateStore(node.state_dir, kubebox.NODE_NAME).get(held.pod_uid)
+    assert record is not None and record.allocation.pairs == held.record.allocation.pairs
+    assert agent_said(box, held.uid, "prepared again from the claim") == 1
+    assert CdiSpecs(node.cdi_dir).path(held.uid).read_text() == held.spec
+
+    box.kubectl("delete", "pod", "reborn", "-n", ns, "--wait=true", "--timeout=120s")
+    wait_for("the claim to be unprepared",
+             lambda: prepared_nothing_for(node, held.uid, held.pod_uid), timeout=90)
+    wait_for("the VFs back in the host", lambda: all(
+        host_macs(box).get(v.netdev) == macs[v.netdev] for v in vfs), timeout=60)
 
 
 def lose_prepared_claims(node: Node) -> None:
