@@ -1,10 +1,10 @@
 """Drills on Railyard as the DRA driver (issue 29), on the box's real kube-scheduler, kubelet
 v1.36.3 and containerd with CDI, the agent in DRA mode (`support.dra_box`): the agent restarted
-between kubelet's NodePrepareResources and the sandbox's CNI ADD, and the pod's deletion after
-the agent lost its state (the prepared-claim documents alone, or the whole folder but the
-CNI's attachment records). Each ends with the same pairs given to the next pod. A box of their
-own: they stop the agent and take its folders away (the kubelet restart drill is in
-test_dra_kubelet_box.py).
+between kubelet's NodePrepareResources and the sandbox's CNI ADD (with its state folder, and
+without it), and the pod's deletion after the agent lost its state (the prepared-claim
+documents alone, or the whole folder but the CNI's attachment records). The pairs are freed
+each time, and given to the next pod. A box of their own: they stop the agent and take its
+folders away (the kubelet restart drill is in test_dra_kubelet_box.py).
 """
 
 from __future__ import annotations
