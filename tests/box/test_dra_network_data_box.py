@@ -4,7 +4,8 @@ ADD of a pod whose claim comes from `railyard dra claim-template --pairs 2`, the
 status.devices names each of its VFs with the interface name, MAC and address the pod has
 inside (`ip -o link` / `ip -o addr` in the pod), written by the agent's own identity through
 the RBAC the chart grants (decision 0113). Another manager's entry in the same list stays when
-the agent applies its entries again.
+the agent applies its entries again. Without the per-driver grant the pod runs all the same and
+the refusal is a Warning Event on it.
 """
 
 from __future__ import annotations
@@ -150,3 +151,40 @@ def _pci(device: str) -> str:
     """`pci-0000-18-00-2` → `0000:18:00.2` (records.dra_names.device_name, backwards)."""
     d, b, s, f = device.removeprefix("pci-").split("-")
     return f"{d}:{b}:{s}.{f}"
+
+
+def can_write_claim_status(box) -> bool:
+    """Whether the API server's RBAC lets the box's agent write our entries now."""
+    answer = box.kubectl("auth", "can-i", "arbitrary-node:patch",
+                         f"resourceclaims/{DRIVER}", "--subresource=driver",
+                         f"--as={kubebox.AGENT_USER}", check=False)
+    return answer.strip() == "yes"
+
+
+def test_without_the_driver_grant_the_pod_runs_and_the_refusal_is_an_event(dra_box):
+    """The per-driver check of v1.36 refuses the write (422 naming resourceclaims/driver): the
+    sandbox is made all the same, the pod has its VFs, and the pod gets a Warning Event."""
+    box = dra_box
+    ns = namespace(box)
+    role = get(box, "clusterrole", "railyard-agent")
+    granted = role["rules"]
+    role["rules"] = [r for r in granted if "resourceclaims/driver" not in r["resources"]]
+    box.kubectl("replace", "-f", "-", input=json.dumps(role))
+    try:
+        wait_for("RBAC to take the grant away", lambda: not can_write_claim_status(box),
+                 timeout=30)
+        start(box, ns, "denied")
+        assert set(inside(box, ns, "denied")) == {"net1", "net1-1"}
+        event = wait_for("the agent's Warning Event", lambda: [
+            e for e in get(box, "events", "-n", ns)["items"]
+            if e["reason"] == "RailyardClaimStatusNotWritten"], timeout=60)[0]
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["name"] == "denied"
+        assert "resourceclaims/driver" in event["message"], event["message"]
+        assert ours(claim_of(box, ns)) == []
+    finally:
+        role = get(box, "clusterrole", "railyard-agent")
+        role["rules"] = granted
+        box.kubectl("replace", "-f", "-", input=json.dumps(role))
+        box.kubectl("delete", "pod", "denied", "-n", ns, "--wait=false", check=False)
+    wait_for("RBAC to give the grant back", lambda: can_write_claim_status(box), timeout=30)
