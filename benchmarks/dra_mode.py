@@ -143,6 +143,19 @@ def switch_aligned(facts: dict[str, tuple[str, str | None]],
             "switchAlignedPods": aligned}
 
 
+def unallocated(claims: list[dict[str, Any]]) -> dict[str, float]:
+    """The claims left unallocated, by the GPUs they ask (`unallocatedGpu8`: the pods of 8
+    GPUs kube-scheduler did not place; `unallocatedGpu0`: VF-only pods)."""
+    out: dict[str, float] = {}
+    for claim in claims:
+        if ((claim.get("status") or {}).get("allocation")) is not None:
+            continue
+        asked = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+        gpus = sum(1 for r in asked if r.get("name", "").startswith("gpu-"))
+        out[f"unallocatedGpu{gpus}"] = out.get(f"unallocatedGpu{gpus}", 0) + 1
+    return dict(sorted(out.items()))
+
+
 class Dra:
     """What the mode sets up once and in each round's namespace."""
 
@@ -209,4 +222,4 @@ def mode(bench: Bench) -> Mode:
                 scheduler_metrics=bench.kube_scheduler_metrics, setup=d.setup,
                 in_namespace=d.in_namespace, pods_created=d.pods_created,
                 report_list=f"{RESOURCE_API}/namespaces/{{ns}}/resourceclaims",
-                report=lambda claims: switch_aligned(facts, claims))
+                report=lambda claims: {**switch_aligned(facts, claims), **unallocated(claims)})

@@ -129,3 +129,12 @@ def test_a_gpu_left_without_a_nic_is_not_aligned():
     results = claim["status"]["allocation"]["devices"]["results"]
     del results[2]  # pair 1's VF
     assert dra_mode.switch_aligned(FACTS, [claim])["switchAlignedPods"] == 0
+
+
+def test_claims_left_unallocated_are_counted_by_the_gpus_they_ask():
+    templates = {t["metadata"]["name"]: t["spec"]["spec"] for t in
+                 dra_mode.claim_templates([(8, 8), (1, 1), (0, 2)])}
+    pending = [{"spec": templates[n], "status": {}} for n in ("pairs-8", "pairs-8", "vfs-2")]
+    done = {**allocated([pair(0)]), "spec": templates["pairs-1"]}
+    assert dra_mode.unallocated([*pending, done]) == {"unallocatedGpu0": 1,
+                                                      "unallocatedGpu8": 2}
