@@ -5,7 +5,8 @@ status.devices names each of its VFs with the interface name, MAC and address th
 inside (`ip -o link` / `ip -o addr` in the pod), written by the agent's own identity through
 the RBAC the chart grants (decision 0113). Another manager's entry in the same list stays when
 the agent applies its entries again. Without the per-driver grant the pod runs all the same and
-the refusal is a Warning Event on it.
+the refusal is a Warning Event on it. The chart's own rules let a ServiceAccount token bound to
+a pod of the claim's node write, and the same account's unbound token not.
 """
 
 from __future__ import annotations
@@ -14,14 +15,15 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from railyard.cni.context import PodInterface
 from railyard.kube.client import Client
-from railyard.kube.config import load_kubeconfig
-from railyard.kubelet.dra_status import WRITTEN, ClaimStatusWriter
+from railyard.kube.config import TokenSource, load_kubeconfig
+from railyard.kubelet.dra_status import FAILED, WRITTEN, ClaimStatusWriter
 from railyard.records.dra_claims import PairRequest, claim_template
 from railyard.records.dra_names import DRIVER
 from support.box import get, kubebox, namespace, pod, running_box, wait_for
@@ -48,10 +50,11 @@ def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield box
 
 
-def start(box, ns: str, name: str) -> None:
+def start(box, ns: str, name: str, *, service_account: str | None = None) -> None:
     template = claim_template(PairRequest(name=f"{name}-pairs", pairs=2))
     box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
-    manifest = pod(name, ["sh", "-c", SHOW])
+    manifest = pod(name, ["sh", "-c", SHOW],
+                   **({"serviceAccountName": service_account} if service_account else {}))
     manifest["spec"]["resourceClaims"] = [{"name": "pairs",
                                            "resourceClaimTemplateName": f"{name}-pairs"}]
     manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
@@ -129,9 +132,11 @@ def test_the_claims_status_names_each_vf_as_the_pod_has_it(dra_box):
         box.kubectl("delete", "pod", "net", "-n", ns, "--wait=false", check=False)
 
 
-def again(box, pod_uid: str, claim: dict, seen: dict[str, tuple[str, list[str]]]) -> list[str]:
-    """The agent's write of the pod's interfaces, once more, as the agent (its kubeconfig,
-    its state folder): what an ADD of a sandbox made again would apply."""
+def again(box, pod_uid: str, claim: dict, seen: dict[str, tuple[str, list[str]]], *,
+          token: str | None = None) -> list[str]:
+    """The agent's write of the pod's interfaces, once more, from its state folder, as the
+    agent (its kubeconfig) or as whoever `token` is: what an ADD of a sandbox made again
+    would apply."""
     nics = [r for r in claim["status"]["allocation"]["devices"]["results"]
             if r["request"].startswith("nic")]
     interfaces = [PodInterface(_pci(r["device"]), name, seen[name][0], tuple(seen[name][1]))
@@ -139,6 +144,9 @@ def again(box, pod_uid: str, claim: dict, seen: dict[str, tuple[str, list[str]]]
 
     async def write() -> list[str]:
         config = load_kubeconfig(box.layout.dir / "config/railyard-agent.kubeconfig")
+        if token is not None:
+            config = replace(config, client_cert=None, client_key=None,
+                             token=TokenSource(token))
         async with Client(config) as client:
             writer = ClaimStatusWriter(client, str(box.layout.dir / "railyard-state"),
                                        asyncio.get_running_loop(), node=kubebox.NODE_NAME)
@@ -188,3 +196,51 @@ def test_without_the_driver_grant_the_pod_runs_and_the_refusal_is_an_event(dra_b
         box.kubectl("replace", "-f", "-", input=json.dumps(role))
         box.kubectl("delete", "pod", "denied", "-n", ns, "--wait=false", check=False)
     wait_for("RBAC to give the grant back", lambda: can_write_claim_status(box), timeout=30)
+
+
+def test_the_charts_grant_lets_a_serviceaccount_of_the_claims_node_write_and_no_other(
+        dra_box):
+    """The chart's DRA-mode agent rules, bound to a ServiceAccount: with a token bound to a
+    pod on the claim's node (as the agent's DaemonSet pod has) the write passes by
+    `associated-node:patch`; with a token of the same account bound to no pod it is refused,
+    for the chart grants no `arbitrary-node` verb."""
+    box = dra_box
+    ns = namespace(box)
+    [rules] = [o["rules"] for o in kubebox.chart_objects(dra=True)
+               if o["kind"] == "ClusterRole" and o["metadata"]["name"] == AGENT]
+    name = f"chart-agent-{ns}"
+    box.kubectl("create", "serviceaccount", AGENT, "-n", ns)
+    box.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                      "items": [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": name}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": name},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": AGENT, "namespace": ns}]}]}))
+    start(box, ns, "sa", service_account=AGENT)
+    try:
+        seen = inside(box, ns, "sa")
+        claim = wait_for("the agent to write the claim's network data",
+                         lambda: (c := claim_of(box, ns)) and len(ours(c)) == 2 and c,
+                         timeout=60)
+        pod_uid = get(box, "pod", "sa", "-n", ns)["metadata"]["uid"]
+        # A change to say (an address more on net1), so the API server checks the driver
+        # grant: an apply that changes nothing needs none.
+        more = {**seen, "net1": (seen["net1"][0], [*seen["net1"][1], "10.78.0.9/24"])}
+        unbound = box.kubectl("create", "token", AGENT, "-n", ns).strip()
+        wait_for("the account's RBAC to be served", lambda: box.kubectl(
+            "auth", "can-i", "patch", "resourceclaims", "--subresource=status", "-n", ns,
+            f"--as=system:serviceaccount:{ns}:{AGENT}", check=False).strip() == "yes",
+            timeout=30)
+        assert again(box, pod_uid, claim, more, token=unbound) == [FAILED]
+        assert ours(claim_of(box, ns)) == ours(claim)
+        bound = box.kubectl("create", "token", AGENT, "-n", ns, "--bound-object-kind=Pod",
+                            "--bound-object-name=sa").strip()
+        assert again(box, pod_uid, claim, more, token=bound) == [WRITTEN]
+        [net1, _] = ours(claim_of(box, ns))
+        assert net1["networkData"]["ips"] == more["net1"][1]
+    finally:
+        box.kubectl("delete", "pod", "sa", "-n", ns, "--wait=false", check=False)
+        box.kubectl("delete", "clusterrolebinding,clusterrole", name, check=False)
