@@ -1,7 +1,8 @@
 """A pod whose claim comes from `railyard dra claim-template --pairs 2` runs on the box's real
 kubelet v1.36.3 with the agent in DRA mode (`hack/box up --with-railyard --dra`): exactly its
 two pairs' VFs inside, in pair order, each pair PIX as the pair file says, and deleting it
-unprepares the claim. Issue 29's first box check, with the template users get.
+unprepares the claim; two such pods at once get disjoint pairs, each exactly its own. Issue
+29's first box check, with the template users get.
 """
 
 from __future__ import annotations
@@ -26,6 +27,39 @@ SHOW = ("env | sort; ip -o link; "
         "echo '<pairs>'; cat /run/railyard/pairs.json; echo '</pairs>'")
 
 
+def apply_template(box, ns: str) -> None:
+    """The template `railyard dra claim-template --pairs 2 --name pairs` prints, in `ns`."""
+    template = json.loads(kubebox.run([*kubebox.railyard_command(), "dra", "claim-template",
+                                       "--pairs", "2", "--name", "pairs", "-o", "json"]).stdout)
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
+
+
+def start_pod(box, ns: str, name: str, script: str) -> None:
+    """A pod running `script` with a claim from the template (its claim named after it)."""
+    manifest = pod(name, ["sh", "-c", script],
+                   resourceClaims=[{"name": "pairs", "resourceClaimTemplateName": "pairs"}])
+    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
+    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+
+
+def allocated(box, ns: str, pod_name: str) -> dict | None:
+    """The pod's claim once kube-scheduler has allocated it (the claim's owner is the pod)."""
+    for c in get(box, "resourceclaims", "-n", ns)["items"]:
+        owners = [o.get("name") for o in c["metadata"].get("ownerReferences", ())]
+        if pod_name in owners and "allocation" in c.get("status", {}):
+            return c
+    return None
+
+
+def claim_devices(topology: NodeTopology, claim: dict) -> tuple[list, list]:
+    """The claim's VFs and GPUs, in pair order, as the node's topology knows them."""
+    results = claim["status"]["allocation"]["devices"]["results"]
+    vf_of = {device_name(v.pci_address): v for n in topology.nics for v in n.vfs}
+    gpu_of = {device_name(g.pci_address): g for g in topology.gpus}
+    return ([vf_of[r["device"]] for r in results if r["request"].startswith("nic-")],
+            [gpu_of[r["device"]] for r in results if r["request"].startswith("gpu-")])
+
+
 @pytest.fixture(scope="module")
 def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, NodeTopology]]:
     folder = tmp_path_factory.mktemp("dra-template-pod")
@@ -43,24 +77,13 @@ def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, 
 def test_a_pod_from_the_two_pair_template_runs_with_exactly_its_pairs_vfs(dra_box):
     box, topology = dra_box
     ns = namespace(box)
-    template = json.loads(kubebox.run([*kubebox.railyard_command(), "dra", "claim-template",
-                                       "--pairs", "2", "--name", "pairs", "-o", "json"]).stdout)
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
-    manifest = pod("run", ["sh", "-c", SHOW],
-                   resourceClaims=[{"name": "pairs", "resourceClaimTemplateName": "pairs"}])
-    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
-
-    def claim() -> dict | None:
-        items = get(box, "resourceclaims", "-n", ns)["items"]
-        return items[0] if items and "allocation" in items[0].get("status", {}) else None
-    claimed = wait_for("kube-scheduler to allocate the claim", claim, timeout=60)
+    apply_template(box, ns)
+    start_pod(box, ns, "run", SHOW)
+    claimed = wait_for("kube-scheduler to allocate the claim", lambda: allocated(box, ns, "run"),
+                       timeout=60)
     results = claimed["status"]["allocation"]["devices"]["results"]
     assert [r["request"] for r in results] == ["nic-0/switch", "gpu-0", "nic-1/switch", "gpu-1"]
-    vf_of = {device_name(v.pci_address): v for n in topology.nics for v in n.vfs}
-    gpu_of = {device_name(g.pci_address): g for g in topology.gpus}
-    vfs = [vf_of[r["device"]] for r in results[0::2]]
-    gpus = [gpu_of[r["device"]] for r in results[1::2]]
+    vfs, gpus = claim_devices(topology, claimed)
 
     def finished() -> str:
         p = phase(box, ns, "run")
@@ -84,3 +107,39 @@ def test_a_pod_from_the_two_pair_template_runs_with_exactly_its_pairs_vfs(dra_bo
     wait_for("the claim to be unprepared",
              lambda: not CdiSpecs(str(box.layout.dir / "cdi")).path(uid).exists()
              and PreparedClaims(state_dir).get(uid) is None, timeout=90)
+
+
+def test_two_pods_from_the_template_at_once_get_disjoint_pairs_each_exactly_its_own(dra_box):
+    box, topology = dra_box
+    ns = namespace(box)
+    apply_template(box, ns)
+    names = ("first", "second")
+    for name in names:
+        start_pod(box, ns, name, f"{SHOW}; echo '<ready>'; sleep 600")
+    try:
+        claims = {n: wait_for(f"kube-scheduler to allocate {n}'s claim",
+                              lambda n=n: allocated(box, ns, n), timeout=60) for n in names}
+        devices = {n: claim_devices(topology, c) for n, c in claims.items()}
+        vfs = {n: [v.pci_address for v in d[0]] for n, d in devices.items()}
+        gpus = {n: [g.pci_address for g in d[1]] for n, d in devices.items()}
+        assert all(len(vfs[n]) == len(gpus[n]) == 2 for n in names), devices
+        assert not set(vfs["first"]) & set(vfs["second"]), vfs
+        assert not set(gpus["first"]) & set(gpus["second"]), gpus
+
+        def shown(name: str) -> str:
+            if phase(box, ns, name) != "Running":
+                return ""
+            log = box.kubectl("logs", "-n", ns, name, check=False)
+            return log if "<ready>" in log else ""
+        for name in names:
+            log = wait_for(f"pod {name} to run and show its pairs", lambda n=name: shown(n),
+                           timeout=90)
+            mounted = json.loads(log.split("<pairs>", 1)[1].split("</pairs>", 1)[0])
+            assert [(p["gpu"]["pciAddress"], p["nic"]["pciAddress"]) for p in mounted["pairs"]] \
+                == list(zip(gpus[name], vfs[name], strict=True)), (name, mounted)
+            inside = {line.split(":")[1].strip().split("@")[0] for line in log.splitlines()
+                      if ": <" in line}
+            assert len([n for n in inside if n.startswith("net")]) == 2, (name, inside)
+    finally:
+        for name in names:
+            box.kubectl("delete", "pod", name, "-n", ns, "--wait=false", check=False)
