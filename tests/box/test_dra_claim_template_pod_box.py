@@ -19,7 +19,8 @@ from railyard.kubelet.dra_cdi import CdiSpecs
 from railyard.kubelet.dra_prepared import PreparedClaims
 from railyard.records.dra_names import DRIVER, device_name
 from railyard.topology.model import NodeTopology
-from support.box import get, kubebox, namespace, phase, pod, running_box, wait_for
+from support.box import kubebox, namespace, phase, running_box, wait_for
+from support.dra_box import allocated_claim, claim_pod
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -27,28 +28,10 @@ SHOW = ("env | sort; ip -o link; "
         "echo '<pairs>'; cat /run/railyard/pairs.json; echo '</pairs>'")
 
 
-def apply_template(box, ns: str) -> None:
-    """The template `railyard dra claim-template --pairs 2 --name pairs` prints, in `ns`."""
-    template = json.loads(kubebox.run([*kubebox.railyard_command(), "dra", "claim-template",
-                                       "--pairs", "2", "--name", "pairs", "-o", "json"]).stdout)
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
-
-
-def start_pod(box, ns: str, name: str, script: str) -> None:
-    """A pod running `script` with a claim from the template (its claim named after it)."""
-    manifest = pod(name, ["sh", "-c", script],
-                   resourceClaims=[{"name": "pairs", "resourceClaimTemplateName": "pairs"}])
-    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
-
-
-def allocated(box, ns: str, pod_name: str) -> dict | None:
-    """The pod's claim once kube-scheduler has allocated it (the claim's owner is the pod)."""
-    for c in get(box, "resourceclaims", "-n", ns)["items"]:
-        owners = [o.get("name") for o in c["metadata"].get("ownerReferences", ())]
-        if pod_name in owners and "allocation" in c.get("status", {}):
-            return c
-    return None
+def cli_template() -> dict:
+    """The template `railyard dra claim-template --pairs 2` prints."""
+    return json.loads(kubebox.run([*kubebox.railyard_command(), "dra", "claim-template",
+                                   "--pairs", "2", "--name", "pairs", "-o", "json"]).stdout)
 
 
 def claim_devices(topology: NodeTopology, claim: dict) -> tuple[list, list]:
@@ -77,10 +60,8 @@ def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, 
 def test_a_pod_from_the_two_pair_template_runs_with_exactly_its_pairs_vfs(dra_box):
     box, topology = dra_box
     ns = namespace(box)
-    apply_template(box, ns)
-    start_pod(box, ns, "run", SHOW)
-    claimed = wait_for("kube-scheduler to allocate the claim", lambda: allocated(box, ns, "run"),
-                       timeout=60)
+    claim_pod(box, ns, "run", cli_template(), command=SHOW)
+    claimed = allocated_claim(box, ns, "run")
     results = claimed["status"]["allocation"]["devices"]["results"]
     assert [r["request"] for r in results] == ["nic-0/switch", "gpu-0", "nic-1/switch", "gpu-1"]
     vfs, gpus = claim_devices(topology, claimed)
@@ -112,13 +93,11 @@ def test_a_pod_from_the_two_pair_template_runs_with_exactly_its_pairs_vfs(dra_bo
 def test_two_pods_from_the_template_at_once_get_disjoint_pairs_each_exactly_its_own(dra_box):
     box, topology = dra_box
     ns = namespace(box)
-    apply_template(box, ns)
     names = ("first", "second")
     for name in names:
-        start_pod(box, ns, name, f"{SHOW}; echo '<ready>'; sleep 600")
+        claim_pod(box, ns, name, cli_template(), command=f"{SHOW}; echo '<ready>'; sleep 600")
     try:
-        claims = {n: wait_for(f"kube-scheduler to allocate {n}'s claim",
-                              lambda n=n: allocated(box, ns, n), timeout=60) for n in names}
+        claims = {n: allocated_claim(box, ns, n) for n in names}
         devices = {n: claim_devices(topology, c) for n, c in claims.items()}
         vfs = {n: [v.pci_address for v in d[0]] for n, d in devices.items()}
         gpus = {n: [g.pci_address for g in d[1]] for n, d in devices.items()}

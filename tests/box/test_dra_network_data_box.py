@@ -26,7 +26,8 @@ from railyard.kube.config import TokenSource, load_kubeconfig
 from railyard.kubelet.dra_status import FAILED, WRITTEN, ClaimStatusWriter
 from railyard.records.dra_claims import PairRequest, claim_template
 from railyard.records.dra_names import DRIVER
-from support.box import get, kubebox, namespace, pod, running_box, wait_for
+from support.box import get, kubebox, namespace, running_box, wait_for
+from support.dra_box import claim_pod
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -51,14 +52,9 @@ def dra_box(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
 
 def start(box, ns: str, name: str, *, service_account: str | None = None) -> None:
-    template = claim_template(PairRequest(name=f"{name}-pairs", pairs=2))
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
-    manifest = pod(name, ["sh", "-c", SHOW],
-                   **({"serviceAccountName": service_account} if service_account else {}))
-    manifest["spec"]["resourceClaims"] = [{"name": "pairs",
-                                           "resourceClaimTemplateName": f"{name}-pairs"}]
-    manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
-    box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(manifest))
+    claim_pod(box, ns, name, claim_template(PairRequest(name=f"{name}-pairs", pairs=2)),
+              command=SHOW,
+              **({"serviceAccountName": service_account} if service_account else {}))
 
 
 def inside(box, ns: str, name: str) -> dict[str, tuple[str, list[str]]]:

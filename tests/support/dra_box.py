@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from railyard.discovery.discover import discover
 from railyard.records.dra_names import DRIVER, PCI_BUS_ID, device_name
@@ -98,11 +99,13 @@ def pinned_template(node: Node, claim: dict) -> dict:
             "spec": {"spec": {"devices": {"requests": requests}}}}
 
 
-def claim_pod(box, ns: str, name: str, template: dict, *, command: str = SHOW) -> None:
-    """A pod running `command` whose one claim comes from `template`."""
+def claim_pod(box, ns: str, name: str, template: dict, *, command: str = SHOW,
+              **spec: Any) -> None:
+    """A pod running `command` whose one claim comes from `template` (named `<name>-pairs`);
+    `spec`: more of the pod's spec (a serviceAccountName)."""
     template = {**template, "metadata": {"name": f"{name}-pairs"}}
     box.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(template))
-    manifest = pod(name, ["sh", "-c", command])
+    manifest = pod(name, ["sh", "-c", command], **spec)
     manifest["spec"]["resourceClaims"] = [{"name": "pairs",
                                            "resourceClaimTemplateName": f"{name}-pairs"}]
     manifest["spec"]["containers"][0]["resources"] = {"claims": [{"name": "pairs"}]}
