@@ -218,15 +218,58 @@ def attempts_by_result(metrics: str) -> dict[str, int]:
     return out
 
 
-async def api_requests(client: Client) -> dict[str, float]:
+async def api_server_metrics(client: Client) -> str:
+    return (await client.request("GET", "/metrics")).decode()
+
+
+def api_requests(text: str) -> dict[str, float]:
     """The API server's own request counters (`apiserver_request_total`), summed by verb and
     resource (watches counted as started, not per event)."""
-    text = (await client.request("GET", "/metrics")).decode()
     totals: dict[str, float] = {}
     for labels, value in samples(text, "apiserver_request_total"):
         key = " ".join(labels.get(k, "") for k in ("verb", "resource", "subresource")).strip()
         totals[key] = totals.get(key, 0.0) + value
     return totals
+
+
+def summed_buckets(metrics: str, name: str, **match: str) -> dict[float, float]:
+    """A histogram's cumulative count by `le`, summed over the samples whose labels match
+    (the API server splits one request kind over scope, version, component...)."""
+    summed: dict[float, float] = {}
+    for labels, value in samples(metrics, f"{name}_bucket"):
+        if all(labels.get(k) == v for k, v in match.items()):
+            le = float(labels["le"])
+            summed[le] = summed.get(le, 0.0) + value
+    return summed
+
+
+def grown(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
+    return sorted((le, count - before.get(le, 0.0)) for le, count in after.items())
+
+
+def binding_in_api_server(m0: str, m1: str) -> dict[str, float]:
+    """Where a Binding's time goes inside the API server over the round: its handling
+    (`apiserver_request_duration_seconds` of POST pods/binding, p50/p99 ms), and for each
+    priority level of API Priority and Fairness the requests it let through and their
+    p99 wait in its queues (ms): a bind that queues behind kwok's node heartbeats in the
+    same level shows here, not in the extender."""
+    out: dict[str, float] = {}
+    name = "apiserver_request_duration_seconds"
+    match = {"verb": "POST", "resource": "pods", "subresource": "binding"}
+    delta = grown(summed_buckets(m0, name, **match), summed_buckets(m1, name, **match))
+    if delta and delta[-1][1] > 0:
+        out["bindingP50Ms"] = round(histogram_quantile(0.5, delta) * 1000, 1)
+        out["bindingP99Ms"] = round(histogram_quantile(0.99, delta) * 1000, 1)
+    wait = "apiserver_flowcontrol_request_wait_duration_seconds"
+    levels = {labels["priority_level"] for labels, _ in samples(m1, f"{wait}_count")
+              if "priority_level" in labels}
+    for level in sorted(levels):
+        match = {"priority_level": level, "execute": "true"}
+        delta = grown(summed_buckets(m0, wait, **match), summed_buckets(m1, wait, **match))
+        if delta and delta[-1][1] > 0:
+            out[f"{level}Requests"] = delta[-1][1]
+            out[f"{level}WaitP99Ms"] = round(histogram_quantile(0.99, delta) * 1000, 1)
+    return out
 
 
 def pod_shapes(count: int, seed: int) -> list[tuple[int, int, int]]:
@@ -324,6 +367,7 @@ class Round(msgspec.Struct):
     extender_rss_mb: float | None = None  # when the round had drained
     extra: dict[str, float] = {}  # the mode's report
     bind_phases: dict[str, float] = {}  # Railyard's
+    api_server: dict[str, float] = {}  # the Bindings inside the API server, APF's queues
 
 
 class Bench:
@@ -445,9 +489,12 @@ class Bench:
                     report=switch_aligned if kind == "railyard" else None)
 
     def prepare(self, mode: Mode) -> None:
-        """Before the round's pods are created: only this mode's extender runs."""
+        """Before the round's pods are created: only this mode's extender runs (and, with
+        --no-flow-schema, without the FlowSchema its start applied)."""
         self.only_extender(mode.extender_process if mode.extender_process in (
             "railyard-scheduler", "trivial-extender") else None, mode.extender_args)
+        if self.args.no_flow_schema:
+            self.box.kubectl("delete", "flowschema", "railyard-extender", "--ignore-not-found")
 
     async def publish_topologies(self, names: list[str]) -> None:
         base = build_topology(profile("dgx-h100"), vfs_per_pf=VFS_PER_PF, node="x")
@@ -488,7 +535,7 @@ class Bench:
                 await mode.pods_created(client, ns)
             idle = self.cpu(processes)
             await asyncio.sleep(IDLE_SAMPLE_S)  # kwok's node leases, the watches: background
-            before_api = await api_requests(client)
+            api0 = await api_server_metrics(client)
             before_cpu = self.cpu(processes)
             background = {n: (before_cpu[n] - idle.get(n, 0.0)) / IDLE_SAMPLE_S
                           for n in before_cpu}
@@ -499,7 +546,8 @@ class Bench:
             times = await watcher
             after_cpu = self.cpu(processes)
             wall = time.monotonic() - t0
-            after_api = await api_requests(client)
+            api1 = await api_server_metrics(client)
+            before_api, after_api = api_requests(api0), api_requests(api1)
             m1 = self.extender_metrics(mode.extender_url) if mode.extender_url else ""
             scheduler = mode.scheduler_metrics() if mode.scheduler_metrics else ""
             rss = None
@@ -529,6 +577,7 @@ class Bench:
             await client.delete(f"/api/v1/namespaces/{ns}")
             await self.wait_gone(client, ns)
         result = self.summarise(mode, times, before_cpu, after_cpu, m0, m1)
+        result.api_server = binding_in_api_server(api0, api1)
         result.retried_pods = retried_pods(scheduler)
         result.attempts = attempts_by_result(scheduler)
         result.extender_rss_mb = None if rss is None else round(rss, 1)
@@ -699,6 +748,9 @@ def table(rounds: list[Round], args: argparse.Namespace, shapes: str) -> str:
                      + (f"; {r.extra}" if r.extra else ""))
         if r.bind_phases:
             lines.append(f"  - bind phases (ms) and where decided: {r.bind_phases}")
+        if r.api_server:
+            lines.append(f"  - in the API server (Binding ms, APF level requests and p99 "
+                         f"wait ms): {r.api_server}")
         if r.extender_failures:
             lines.append(f"  - extender failures: {r.extender_failures}")
     medians = {name: statistics.median(r.window_median for r in rounds if r.mode == name)
@@ -857,6 +909,10 @@ def main() -> int:
     p.add_argument("--railyard-option", action="append", default=[], metavar="OPTION",
                    help="one more `railyard scheduler` option, e.g. "
                    "--railyard-option=--no-allocated-events (repeatable)")
+    p.add_argument("--no-flow-schema", action="store_true",
+                   help="remove the extenders' FlowSchema (the chart's, decision 0114), so "
+                   "their requests fall to APF's global-default level beside kwok's, as "
+                   "before it")
     p.add_argument("--keep", type=Path, help="use this folder for the box and leave it up")
     p.add_argument("--fill", type=float, default=0.5,
                    help="the most of the cluster's GPUs a round's pods may ask, 0-1 (default "

@@ -1334,7 +1334,7 @@ def railyard_rbac(*, dra: bool = False) -> dict:
     deploy/chart/railyard; decision 0081; with `dra`, agent.mode=dra's), bound to the box's
     users instead of the chart's ServiceAccounts: its ClusterRoles as they are, and the
     extender's Role (leader election, decision 0074) in kube-system, where the box's extender
-    keeps its Lease."""
+    keeps its Lease; and its FlowSchema, for the box's extender user."""
     rendered = chart_objects(dra=dra)
     items: list[dict] = []
 
@@ -1362,6 +1362,12 @@ def railyard_rbac(*, dra: bool = False) -> dict:
         [agent] = [i for i in items if i["kind"] == "ClusterRole"
                    and i["metadata"]["name"] == AGENT_USER.replace(":", "-")]
         agent["rules"] = [*agent["rules"], BOX_AGENT_CLAIM_STATUS_RULE]
+    # The extender's FlowSchema (decision 0114), matching the box's extender user.
+    for schema in (d for d in rendered if d["kind"] == "FlowSchema"):
+        for rule in schema["spec"]["rules"]:
+            rule["subjects"] = [{"kind": "User", "user": {"name": EXTENDER_USER}}]
+        schema["metadata"] = {"name": schema["metadata"]["name"]}
+        items.append(schema)
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 

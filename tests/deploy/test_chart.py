@@ -83,10 +83,10 @@ def test_template_renders_each_expected_kind_once_in_the_release_namespace(objec
     assert kinds == Counter({"ServiceAccount": 2, "ClusterRole": 2, "ClusterRoleBinding": 2,
                              "Role": 1, "RoleBinding": 1, "ConfigMap": 2, "Service": 1,
                              "Deployment": 1, "DaemonSet": 1, "ValidatingAdmissionPolicy": 2,
-                             "ValidatingAdmissionPolicyBinding": 2})
+                             "ValidatingAdmissionPolicyBinding": 2, "FlowSchema": 1})
     for o in objects:
         assert o["apiVersion"] and o["metadata"]["name"]
-        if not o["kind"].startswith(("Cluster", "ValidatingAdmissionPolicy")):
+        if not o["kind"].startswith(("Cluster", "ValidatingAdmissionPolicy", "FlowSchema")):
             assert o["metadata"]["namespace"] == NAMESPACE, o["kind"]
 
 
@@ -135,6 +135,24 @@ def test_the_box_grants_its_railyard_users_the_charts_roles():
     }
     subjects = {i["subjects"][0]["name"] for i in items if i["kind"].endswith("Binding")}
     assert subjects == {kubebox.EXTENDER_USER, kubebox.AGENT_USER}
+
+
+def test_the_extenders_requests_go_to_kube_schedulers_priority_level(objects, render):
+    """Decision 0114: its Bindings are kube-scheduler's, so they belong in workload-high
+    with kube-scheduler's own, ahead of the service-accounts FlowSchema (9000) that would
+    put them in workload-low; only the extender's ServiceAccount matches."""
+    schema = one(objects, "FlowSchema", "railyard-extender")["spec"]
+    assert schema["priorityLevelConfiguration"] == {"name": "workload-high"}
+    assert schema["matchingPrecedence"] < 900
+    [rule] = schema["rules"]
+    assert rule["subjects"] == [{"kind": "ServiceAccount", "serviceAccount": {
+        "name": "railyard-extender", "namespace": NAMESPACE}}]
+    assert not any(o["kind"] == "FlowSchema"
+                   for o in render("--set", "extender.priorityLevel="))
+    items = kubebox.railyard_rbac()["items"]
+    [boxed] = [i for i in items if i["kind"] == "FlowSchema"]
+    assert [r["subjects"] for r in boxed["spec"]["rules"]] == [
+        [{"kind": "User", "user": {"name": kubebox.EXTENDER_USER}}]]
 
 
 def test_extender_runs_two_replicas_electing_a_leader_in_the_release_namespace(objects):
