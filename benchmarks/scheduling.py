@@ -159,11 +159,24 @@ def samples(metrics: str, name: str) -> list[tuple[dict[str, str], float]]:
     return found
 
 
+def summed_buckets(metrics: str, name: str, **match: str) -> dict[float, float]:
+    """A histogram's cumulative count by `le`, summed over the samples whose labels match
+    (the API server splits one request kind over scope, version, component...)."""
+    summed: dict[float, float] = {}
+    for labels, value in samples(metrics, f"{name}_bucket"):
+        if all(labels.get(k) == v for k, v in match.items()):
+            le = float(labels["le"])
+            summed[le] = summed.get(le, 0.0) + value
+    return summed
+
+
+def grown(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
+    return sorted((le, count - before.get(le, 0.0)) for le, count in after.items())
+
+
 def buckets_of(metrics: str, name: str, **match: str) -> list[tuple[float, float]]:
     """A histogram's (le, cumulative count) for the samples whose labels match, sorted."""
-    return sorted((float(labels["le"]), value) for labels, value in
-                  samples(metrics, f"{name}_bucket")
-                  if all(labels.get(k) == v for k, v in match.items()))
+    return sorted(summed_buckets(metrics, name, **match).items())
 
 
 def bind_buckets(metrics: str) -> list[tuple[float, float]]:
@@ -176,9 +189,8 @@ def bind_phases(m0: str, m1: str) -> dict[str, float]:
     filter's memo on the loop or searched again in the worker."""
     out: dict[str, float] = {}
     for phase in ("decide", "write"):
-        b0 = dict(buckets_of(m0, "railyard_extender_bind_phase_seconds", phase=phase))
-        delta = [(le, c - b0.get(le, 0.0))
-                 for le, c in buckets_of(m1, "railyard_extender_bind_phase_seconds", phase=phase)]
+        name = "railyard_extender_bind_phase_seconds"
+        delta = grown(summed_buckets(m0, name, phase=phase), summed_buckets(m1, name, phase=phase))
         if delta and delta[-1][1] > 0:
             for q in (0.5, 0.99):
                 out[f"{phase}P{round(q * 100)}Ms"] = round(histogram_quantile(q, delta) * 1000, 1)
@@ -230,21 +242,6 @@ def api_requests(text: str) -> dict[str, float]:
         key = " ".join(labels.get(k, "") for k in ("verb", "resource", "subresource")).strip()
         totals[key] = totals.get(key, 0.0) + value
     return totals
-
-
-def summed_buckets(metrics: str, name: str, **match: str) -> dict[float, float]:
-    """A histogram's cumulative count by `le`, summed over the samples whose labels match
-    (the API server splits one request kind over scope, version, component...)."""
-    summed: dict[float, float] = {}
-    for labels, value in samples(metrics, f"{name}_bucket"):
-        if all(labels.get(k) == v for k, v in match.items()):
-            le = float(labels["le"])
-            summed[le] = summed.get(le, 0.0) + value
-    return summed
-
-
-def grown(before: dict[float, float], after: dict[float, float]) -> list[tuple[float, float]]:
-    return sorted((le, count - before.get(le, 0.0)) for le, count in after.items())
 
 
 def binding_in_api_server(m0: str, m1: str) -> dict[str, float]:
@@ -668,8 +665,7 @@ class Bench:
                        window_p10=sorted(windows)[len(windows) // 10],
                        average=round(bound / seconds, 1) if bound > 1 else 0.0, cpu=cpu)
         if m1:
-            b0 = dict(bind_buckets(m0))
-            delta = [(le, c - b0.get(le, 0.0)) for le, c in bind_buckets(m1)]
+            delta = grown(dict(bind_buckets(m0)), dict(bind_buckets(m1)))
             if delta and delta[-1][1] > 0:
                 result.bind_p50_ms = round(histogram_quantile(0.5, delta) * 1000, 2)
                 result.bind_p99_ms = round(histogram_quantile(0.99, delta) * 1000, 2)
