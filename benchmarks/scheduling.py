@@ -77,10 +77,11 @@ import msgspec
 import yaml
 
 from railyard.discovery.profiles import build_topology, profile
-from railyard.kube.client import ApiError, Client
+from railyard.kube.client import ApiError, Client, RequestTiming
 from railyard.kube.config import load_kubeconfig
 from railyard.kube.nodetopology import publish
 from railyard.kube.objects import Object, Pod
+from railyard.scheduler.metrics import BIND_PHASES
 
 ROOT = Path(__file__).resolve().parents[1]
 # (weight, GPUs, VFs), as benchmarks/extender.py: 1/2/4/8 GPUs with as many VFs, VF-only pods.
@@ -183,19 +184,25 @@ def bind_buckets(metrics: str) -> list[tuple[float, float]]:
     return buckets_of(metrics, "railyard_extender_request_duration_seconds", verb="bind")
 
 
+def quantiles_ms(m0: str, m1: str, name: str, key: str, **match: str) -> dict[str, float]:
+    """p50 and p99 (ms) of a histogram's observations over the round, as `{key}P50Ms`..."""
+    delta = grown(summed_buckets(m0, name, **match), summed_buckets(m1, name, **match))
+    if not delta or delta[-1][1] <= 0:
+        return {}
+    return {f"{key}P{round(q * 100)}Ms": round(histogram_quantile(q, delta) * 1000, 1)
+            for q in (0.5, 0.99)}
+
+
 def bind_phases(m0: str, m1: str) -> dict[str, float]:
-    """Where Railyard's binds spent their time over the round (its extender only): p50 and p99
-    of the decide and write phases in ms, and how many allocations were decided from
-    filter's memo on the loop or searched again in the worker."""
+    """Where an extender's binds spent their time over the round, p50 and p99 in ms: Railyard's
+    decide and write phases; for both extenders the Binding create's parts on their side of
+    the wire (limit, connection, wire) and how late their loop ran a timer (loopLag); and how
+    many of Railyard's allocations were decided from filter's memo or in the worker."""
     out: dict[str, float] = {}
-    for phase in ("decide", "write"):
-        name = "railyard_extender_bind_phase_seconds"
-        delta = grown(summed_buckets(m0, name, phase=phase), summed_buckets(m1, name, phase=phase))
-        if delta and delta[-1][1] > 0:
-            for q in (0.5, 0.99):
-                out[f"{phase}P{round(q * 100)}Ms"] = round(histogram_quantile(q, delta) * 1000, 1)
-    if not out:  # an extender without the phase histogram (trivial's)
-        return out
+    for phase in BIND_PHASES:
+        out |= quantiles_ms(m0, m1, "railyard_extender_bind_phase_seconds", phase,
+                            phase=phase)
+    out |= quantiles_ms(m0, m1, "railyard_extender_loop_lag_seconds", "loopLag")
     before = {labels.get("where"): v
               for labels, v in samples(m0, "railyard_extender_bind_decisions_total")}
     for labels, value in samples(m1, "railyard_extender_bind_decisions_total"):
@@ -363,7 +370,7 @@ class Round(msgspec.Struct):
     already_bound: int = 0  # the extender's already_bound answers (filter's per node, bind's)
     extender_rss_mb: float | None = None  # when the round had drained
     extra: dict[str, float] = {}  # the mode's report
-    bind_phases: dict[str, float] = {}  # Railyard's
+    bind_phases: dict[str, float] = {}  # the extender's (bind_phases)
     api_server: dict[str, float] = {}  # the Bindings inside the API server, APF's queues
 
 
@@ -842,13 +849,15 @@ def serve_trivial(listen: str, kubeconfig: Path, qps: int) -> None:
                 t0 = time.perf_counter()
                 try:
                     args = decode(await read_body(request, limits), ExtenderBindingArgs)
+                    timing = RequestTiming()
                     await client.create(
                         f"/api/v1/namespaces/{args.PodNamespace}/pods/{args.PodName}/binding",
                         {"apiVersion": "v1", "kind": "Binding",
                          "metadata": {"name": args.PodName, "namespace": args.PodNamespace,
                                       "uid": args.PodUID},
                          "target": {"apiVersion": "v1", "kind": "Node", "name": args.Node}},
-                        Status)
+                        Status, timing=timing)
+                    metrics.write_timing(timing)
                     error = ""
                 except Exception as e:  # kube-scheduler hears it and retries
                     error = str(e)
@@ -865,6 +874,7 @@ def serve_trivial(listen: str, kubeconfig: Path, qps: int) -> None:
 
             app = web.Application(client_max_size=limits.max_body_bytes,
                                   middlewares=[refusals(metrics.shed)])
+            app.cleanup_ctx.append(metrics.probe_loop_lag)
             app.router.add_post("/filter", filter_)
             app.router.add_post("/prioritize", prioritize)
             app.router.add_post("/bind", bind)

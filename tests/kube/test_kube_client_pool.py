@@ -7,7 +7,7 @@ import asyncio
 
 from aiohttp import web
 
-from railyard.kube.client import Client
+from railyard.kube.client import Client, RequestTiming
 from railyard.kube.config import KubeConfig
 from railyard.kube.objects import Object
 from support.http import serve_app
@@ -70,3 +70,32 @@ def test_a_burst_of_requests_shares_a_bounded_pool_and_watches_are_not_counted_i
 async def _drain(client: Client, path: str) -> None:
     async for _ in client.watch_lines(path, {}):
         pass
+
+
+def test_a_requests_timing_tells_the_rate_limit_the_pool_and_the_wire_apart():
+    async def main() -> tuple[RequestTiming, RequestTiming, RequestTiming]:
+        server = CountingServer()
+        runner, url = await serve(server)
+        first, second, third = RequestTiming(), RequestTiming(), RequestTiming()
+        try:
+            # One connection: the second request waits for it while the first is answered
+            # (20 ms); the third's token comes 0.5 s after the burst of two is spent.
+            async with Client(KubeConfig(server=url), qps=2, burst=2,
+                              connections=1) as client:
+                await asyncio.gather(client.request("GET", "/a", timing=first),
+                                     client.request("GET", "/b", timing=second))
+                await client.request("GET", "/c", timing=third)
+        finally:
+            server.done.set()
+            await runner.cleanup()
+        return first, second, third
+
+    first, second, third = asyncio.run(main())
+    assert first.limit_s < 0.1 and second.limit_s < 0.1
+    assert third.limit_s > 0.25  # waited for the bucket to refill
+    assert first.wire_s >= 0.015 and second.wire_s >= 0.015  # the server's 20 ms
+    # The second request waited for the first's connection; its own time on the wire does
+    # not count that wait.
+    assert second.connection_s >= 0.015
+    assert second.connection_s > first.connection_s
+    assert third.connection_s < 0.015  # the kept-alive connection was free

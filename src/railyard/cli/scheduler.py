@@ -368,6 +368,7 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
             extender = Extender(state, cluster.binder, pod_cache=pod_cache, leader=elector,
                                 admin_calls=False, names=names, filter_ranks=filter_ranks)
             cluster.sync.on_pods_changed = lambda: extender.metrics.pods.set(state.pod_count())
+            cluster.binder.observe_write = extender.metrics.write_timing
             settle_heap()
             campaign = asyncio.ensure_future(elector.run()) if elector else None
             try:

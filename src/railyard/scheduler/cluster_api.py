@@ -23,7 +23,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from railyard.allocation.jobs import job_of
 from railyard.allocation.names import ALLOCATION_ANNOTATION, KOORDINATOR_DEVICE_ALLOCATED
 from railyard.allocation.types import Allocation
-from railyard.kube.client import REQUEST_TIMEOUT_S, ApiError, ApiUnavailable, Client
+from railyard.kube.client import (
+    REQUEST_TIMEOUT_S,
+    ApiError,
+    ApiUnavailable,
+    Client,
+    RequestTiming,
+)
 from railyard.kube.events import EventSender, event_body, event_time
 from railyard.kube.objects import ObjectMeta, Pod, Status
 from railyard.kube.reflector import Change, Reflector
@@ -398,6 +404,8 @@ class PodBinder:
         # that frees the devices after it if the pod is still unbound (_release_when_unlanded).
         self._may_land: dict[str, float] = {}
         self._settling: dict[str, asyncio.Task[None]] = {}
+        # Told where each Binding create's time went on this side (the extender's metrics).
+        self.observe_write: Callable[[RequestTiming], None] | None = None
 
     def close(self) -> list[asyncio.Task[None]]:
         """Cancel the pending checks of Bindings that may still land (their pods keep what
@@ -427,6 +435,7 @@ class PodBinder:
             fenced: dict[str, Any] = {}
             if self.fence is not None or self.lease_left is not None:
                 fenced["before_send"] = lambda: self._still_leading(pod)
+            timing = RequestTiming()
             try:
                 # The server is told the create's timeout too (decision 0101): past it, it
                 # will not apply the Binding, so one that failed here stops being able to
@@ -435,7 +444,10 @@ class PodBinder:
                     f"/api/v1/namespaces/{pod.namespace}/pods/{pod.name}/binding",
                     {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                      "target": {"apiVersion": "v1", "kind": "Node", "name": pod.node}},
-                    Status, timeout_s=BINDING_TIMEOUT_S, server_deadline=True, **fenced)
+                    Status, timeout_s=BINDING_TIMEOUT_S, server_deadline=True,
+                    timing=timing, **fenced)
+                if self.observe_write is not None:
+                    self.observe_write(timing)
             except (ApiUnavailable, ApiError) as e:
                 if isinstance(e, ApiError) and not ambiguous(e):
                     raise  # refused before anything was applied

@@ -215,6 +215,7 @@ class Extender:
         app = web.Application(client_max_size=self.limits.max_body_bytes,
                               middlewares=middlewares)
         app.on_cleanup.append(self._stop_worker)
+        app.cleanup_ctx.append(self.metrics.probe_loop_lag)
         app.router.add_post("/filter", self.filter)
         app.router.add_post("/prioritize", self.prioritize)
         app.router.add_post("/bind", self.bind)
