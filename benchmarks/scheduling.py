@@ -116,6 +116,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def cpu_wait_seconds(pid: int) -> float:
+    """Time one process's threads were ready to run but waited for a CPU (the run queue's
+    delay, /proc/PID/task/*/schedstat's second field; 0 when it is gone): on two shared
+    cores, the part of a slow answer that no code of the process spent."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            total += int(stat.read_text().split()[1])
+    return total / 1e9
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) in MB."""
     values = {}
@@ -358,6 +369,7 @@ class Round(msgspec.Struct):
     window_p10: float
     average: float  # bound / seconds
     cpu: dict[str, float]  # CPU-milliseconds per bound pod, by process
+    cpu_wait: dict[str, float] = {}  # ms per bound pod each process waited for a CPU
     api_requests: dict[str, float] = {}  # API server requests per bound pod, by verb
     idle_cpu: dict[str, float] = {}  # CPU-s per s, scheduler stopped (kwok's leases...)
     idle_share: float = 0.0  # of the round's CPU, what the idle rate would have spent
@@ -397,9 +409,10 @@ class Bench:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state != "Z"  # a zombie has exited
 
-    def cpu(self, names: tuple[str, ...]) -> dict[str, float]:
-        return {n: cpu_seconds(p) for n in names if (p := self.pid(n)) is not None
-                and self.running(n)}
+    def cpu(self, names: tuple[str, ...], of: Callable[[int], float] = cpu_seconds
+            ) -> dict[str, float]:
+        """`of(pid)` (CPU seconds unless told) of each of `names` that runs."""
+        return {n: of(p) for n in names if (p := self.pid(n)) is not None and self.running(n)}
 
     def with_extender(self, url: str, shipped: Path) -> dict[str, Any]:
         """The box's kube-scheduler configuration with the extenders of `shipped`, at
@@ -541,6 +554,7 @@ class Bench:
             await asyncio.sleep(IDLE_SAMPLE_S)  # kwok's node leases, the watches: background
             api0 = await api_server_metrics(client)
             before_cpu = self.cpu(processes)
+            before_wait = self.cpu(processes, cpu_wait_seconds)
             background = {n: (before_cpu[n] - idle.get(n, 0.0)) / IDLE_SAMPLE_S
                           for n in before_cpu}
             t0 = time.monotonic()
@@ -549,6 +563,7 @@ class Bench:
             mode.start()
             times = await watcher
             after_cpu = self.cpu(processes)
+            after_wait = self.cpu(processes, cpu_wait_seconds)
             wall = time.monotonic() - t0
             api1 = await api_server_metrics(client)
             before_api, after_api = api_requests(api0), api_requests(api1)
@@ -582,6 +597,8 @@ class Bench:
             await self.wait_gone(client, ns)
         result = self.summarise(mode, times, before_cpu, after_cpu, m0, m1)
         result.api_server = binding_in_api_server(api0, api1)
+        result.cpu_wait = {n: round((after_wait[n] - before_wait.get(n, 0.0)) / max(
+            result.bound, 1) * 1000, 2) for n in after_wait}
         result.retried_pods = retried_pods(scheduler)
         result.attempts = attempts_by_result(scheduler)
         result.extender_rss_mb = None if rss is None else round(rss, 1)
@@ -749,6 +766,8 @@ def table(rounds: list[Round], args: argparse.Namespace, shapes: str) -> str:
                      f"pod: {calls}; kube-scheduler attempts {r.attempts}"
                      + (f"; extender RSS {r.extender_rss_mb} MB" if r.extender_rss_mb else "")
                      + (f"; {r.extra}" if r.extra else ""))
+        if r.cpu_wait:
+            lines.append(f"  - ms per pod waiting for a CPU (run queue): {r.cpu_wait}")
         if r.bind_phases:
             lines.append(f"  - bind phases (ms) and where decided: {r.bind_phases}")
         if r.api_server:

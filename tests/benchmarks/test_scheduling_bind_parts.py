@@ -42,3 +42,23 @@ def test_a_loop_held_by_other_work_shows_as_lag():
     asyncio.run(main())
     phases = bind_phases(before, metrics.render().decode())
     assert phases["loopLagP99Ms"] >= 100  # the timer ran at least 2.5 probes late
+
+
+def test_a_processs_cpu_wait_sums_its_threads_run_queue_delay():
+    import os
+    import threading
+    from pathlib import Path
+
+    from scheduling import cpu_wait_seconds
+
+    done = threading.Event()
+    worker = threading.Thread(target=done.wait)
+    worker.start()
+    try:
+        main_thread = int(Path(f"/proc/self/task/{os.getpid()}/schedstat").read_text()
+                          .split()[1]) / 1e9
+        assert cpu_wait_seconds(os.getpid()) >= main_thread
+    finally:
+        done.set()
+        worker.join()
+    assert cpu_wait_seconds(2 ** 22 + 1) == 0.0  # above pid_max: no such process
