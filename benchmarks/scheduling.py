@@ -33,6 +33,7 @@ without Railyard runs no Railyard). The modes:
   --no-filter-ranks, as before decision 0104); without `+prioritize`, the shipped
   `deploy/kube-scheduler-config.yaml` (filter and bind: Railyard's filter returns only the
   nodes it ranks best).
+- `railyard+quiet`: Railyard's with `--no-allocated-events` (no `Allocated` Event per bind).
 - `koordinator`: from `benchmarks/koordinator_mode.py` when it is there: its
   `mode(bench: Bench) -> Mode` (see `Mode`).
 - `dra`: from `benchmarks/dra_mode.py` (issue 29), the same way: kube-scheduler's own DRA
@@ -490,16 +491,21 @@ class Bench:
             assert isinstance(made, Mode), f"{name}_mode.mode(bench) returns a Mode"
             return made
         kind, _, variant = name.partition("+")
-        if kind not in ("trivial", "railyard") or variant not in ("", "prioritize"):
+        if (kind not in ("trivial", "railyard") or variant not in ("", "prioritize", "quiet")
+                or (variant == "quiet" and kind != "railyard")):
             raise SystemExit(f"unknown mode {name!r}: plain, trivial, railyard, "
-                             "trivial+prioritize, railyard+prioritize, koordinator, dra")
-        shipped = WITH_PRIORITIZE if variant else SHIPPED
+                             "trivial+prioritize, railyard+prioritize, railyard+quiet, "
+                             "koordinator, dra")
+        shipped = WITH_PRIORITIZE if variant == "prioritize" else SHIPPED
         process = "railyard-scheduler" if kind == "railyard" else "trivial-extender"
         url = self.railyard_url if kind == "railyard" else self.trivial_url
         config = self.with_extender(url, shipped)
         # With prioritize, Railyard's filter keeps every node that fits, as before decision
-        # 0104: the two calls per pod that ranking in filter replaces.
-        options = ("--no-filter-ranks",) if kind == "railyard" and variant else ()
+        # 0104: the two calls per pod that ranking in filter replaces. Quiet: no `Allocated`
+        # Event per bind, the cost of the Events measured in the same run.
+        options: tuple[str, ...] = (
+            ("--no-filter-ranks",) if kind == "railyard" and variant == "prioritize" else
+            ("--no-allocated-events",) if variant == "quiet" else ())
         return Mode(name, start=lambda: self.start_kube_scheduler(config),
                     stop=self.stop_kube_scheduler, scheduler_metrics=self.kube_scheduler_metrics,
                     extender_url=url, extender_process=process, extender_args=options,
