@@ -77,6 +77,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from railyard.cli.scheduler import BIND_CONNECTIONS
 from railyard.discovery.profiles import build_topology, profile
 from railyard.kube.client import ApiError, Client, RequestTiming
 from railyard.kube.config import load_kubeconfig
@@ -459,13 +460,15 @@ class Bench:
             self.box.start_railyard_extender(
                 "--kube-qps", str(self.args.extender_qps),
                 "--kube-burst", str(self.args.extender_qps * 2),
+                "--kube-connections", str(self.args.extender_connections),
                 *options, *self.args.railyard_option)
         elif name == "trivial-extender" and not self.running(name):
             listen = f"{self.box.layout.node_ip}:{self.trivial_port}"
             self.box.start(name, [
                 sys.executable, str(Path(__file__).resolve()), "--serve-trivial", listen,
                 "--kubeconfig", str(self.box.layout.dir / "config/railyard-extender.kubeconfig"),
-                "--extender-qps", str(self.args.extender_qps)])
+                "--extender-qps", str(self.args.extender_qps),
+                "--extender-connections", str(self.args.extender_connections)])
             self.box.wait(name, lambda: urllib.request.urlopen(
                 f"http://{listen}/healthz", timeout=3).status == 200, timeout=60)
 
@@ -745,6 +748,7 @@ def table(rounds: list[Round], args: argparse.Namespace, shapes: str) -> str:
         f"{platform.python_version()}",
         f"- Command: `python benchmarks/scheduling.py --nodes {args.nodes} --pods {args.pods} "
         f"--modes {','.join(args.modes)} --reps {args.reps}"
+        + f" --extender-connections {args.extender_connections}"
         + "".join(f" --railyard-option={o}" for o in args.railyard_option) + f"`; {shapes}",
         "",
         "| mode | pods bound | drain (s) | pods/s median (1 s windows) | p10 window | average "
@@ -819,7 +823,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 rounds.append(await bench.round(mode))
         shapes = (f"{args.nodes} kwok nodes, each a dgx-h100 NodeTopology with {VFS_PER_PF} "
                   f"VFs per PF; extender clients {args.extender_qps} QPS (kube-scheduler's: "
-                  "200)")
+                  f"200) over {args.extender_connections} connections")
         print(table(rounds, args, shapes))
         if args.json:
             args.json.write_text(json.dumps(contract(rounds, args.nodes), indent=1))
@@ -832,7 +836,7 @@ async def main_async(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- the trivial extender
 
 
-def serve_trivial(listen: str, kubeconfig: Path, qps: int) -> None:
+def serve_trivial(listen: str, kubeconfig: Path, qps: int, connections: int) -> None:
     """The `trivial` mode's extender: Railyard's HTTP stack (aiohttp behind its connection
     guard and body limits, msgspec for the messages, its metrics) and its API client, with
     none of its decisions: filter keeps every node, prioritize scores every node 0, bind
@@ -853,7 +857,7 @@ def serve_trivial(listen: str, kubeconfig: Path, qps: int) -> None:
 
     async def serve() -> None:
         async with Client(load_kubeconfig(kubeconfig), qps=qps, burst=2 * qps,
-                          user_agent="trivial-extender") as client:
+                          connections=connections, user_agent="trivial-extender") as client:
             async def filter_(request: web.Request) -> web.Response:
                 t0 = time.perf_counter()
                 args = decode(await read_body(request, limits), ExtenderArgs)
@@ -937,6 +941,9 @@ def main() -> int:
     p.add_argument("--extender-qps", type=int, default=200,
                    help="the extenders' API client QPS; burst is twice it (default 200, as "
                    "the box's kube-scheduler)")
+    p.add_argument("--extender-connections", type=int, default=BIND_CONNECTIONS,
+                   help="the extenders' binds' client's connections to the API server "
+                   f"(default {BIND_CONNECTIONS}, `railyard scheduler --kube-connections`'s)")
     p.add_argument("--railyard-option", action="append", default=[], metavar="OPTION",
                    help="one more `railyard scheduler` option, e.g. "
                    "--railyard-option=--no-allocated-events (repeatable)")
@@ -958,7 +965,8 @@ def main() -> int:
     if args.serve_trivial:
         if args.kubeconfig is None:
             p.error("--serve-trivial needs --kubeconfig")
-        serve_trivial(args.serve_trivial, args.kubeconfig, args.extender_qps)
+        serve_trivial(args.serve_trivial, args.kubeconfig, args.extender_qps,
+                      args.extender_connections)
         return 0
     if os.geteuid() != 0:
         p.error("the box needs root (network namespaces, mounts, cgroups)")

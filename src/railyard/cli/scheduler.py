@@ -46,6 +46,12 @@ def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
     return host, int(port_text)
 
 
+# The binds' client's connections (`railyard scheduler --kube-connections`). kube-scheduler
+# sends binds without a bound on how many at once, and over HTTP/1.1 each Binding in flight
+# holds a connection: with the client's 16, at 5,000 kwok nodes binds waited p99 2.5-2.9 s
+# for one while on the wire they took p99 0.5 s (docs/benchmarks.md, issue 28 run 8).
+BIND_CONNECTIONS = 64
+
 @app.command()
 def scheduler(
     cluster_file: Annotated[Path | None, typer.Option(
@@ -135,6 +141,11 @@ def scheduler(
              "keeps every node that fits and prioritize ranks them, for a configuration "
              "where kube-scheduler's own scores may outweigh Railyard's "
              "(deploy/kube-scheduler-config-prioritize.yaml; docs/decisions/0104).")] = True,
+    kube_connections: Annotated[int, typer.Option(
+        "--kube-connections", min=1, max=1024,
+        help="On the API: the binds' client's connections to the API server (each Binding "
+             "in flight holds one; past them a bind waits). Each new one is a TLS handshake "
+             "the API server pays for.")] = BIND_CONNECTIONS,
     allocated_events: Annotated[bool, typer.Option(
         "--allocated-events/--no-allocated-events",
         help="On the API: an `Allocated` Event on each pod bound with devices, naming its "
@@ -186,7 +197,7 @@ def scheduler(
         _serve_api(kubeconfig, host, port, listen, pod_cache, kube_qps, kube_burst, election,
                    tls, names, _signing_key(signing_key_file), idle_node_reserve,
                    koordinator_annotation, filter_ranks=filter_ranks,
-                   allocated_events=allocated_events)
+                   allocated_events=allocated_events, connections=kube_connections)
         return
     if kubeconfig is not None:
         fail("give --cluster-file or --kubeconfig, not both")
@@ -315,7 +326,7 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
                tls: ssl.SSLContext | None, names: ResourceNames = DEFAULT_RESOURCES,
                signing_key: Ed25519PrivateKey | None = None, idle_reserve: int = 0,
                koordinator: bool = False, *, filter_ranks: bool = True,
-               allocated_events: bool = True) -> None:
+               allocated_events: bool = True, connections: int = BIND_CONNECTIONS) -> None:
     """The extender on the API server: list NodeTopologies and pods, then serve."""
     import asyncio
     import logging
@@ -339,7 +350,8 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
         # the shared client a 5,000-node benchmark lost the lease and refused 249 binds.
         # Events too (as kube-scheduler's broadcaster has): a burst of them never holds a
         # bind back (decision 0104).
-        async with Client(config, qps=qps, burst=burst, user_agent="railyard-scheduler") as c, \
+        async with Client(config, qps=qps, burst=burst, connections=connections,
+                          user_agent="railyard-scheduler") as c, \
                 Client(config, qps=5, burst=10, connections=2,
                        user_agent="railyard-scheduler-election") as lease_client, \
                 Client(config, qps=max(1.0, qps / 2), burst=max(1, burst // 2), connections=4,
