@@ -112,6 +112,7 @@ def test_bad_cluster_file_is_one_line_on_stderr_and_exit_2(tmp_path, content, me
     (["--client-ca-file", "ca.pem"], "--client-ca-file needs --tls-cert-file"),
     (["--tls-cert-file", "c.pem"], "--tls-cert-file and --tls-key-file together"),
     (["--tls-cert-file", "c.pem", "--tls-key-file", "k.pem"], "--tls-cert-file c.pem"),
+    (["--kube-connections", "0"], "--kube-connections"),
 ])
 def test_cluster_mode_mistakes_are_one_line_on_stderr_and_exit_2(tmp_path, argv, message):
     env_out = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_SERVICE")}

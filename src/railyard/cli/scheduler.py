@@ -51,6 +51,7 @@ def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
 # holds a connection: with the client's 16, at 5,000 kwok nodes binds waited p99 2.5-2.9 s
 # for one while on the wire they took p99 0.5 s (docs/benchmarks.md, issue 28 run 8).
 BIND_CONNECTIONS = 64
+MAX_CONNECTIONS = 1024  # each one a socket and a TLS session, here and at the API server
 
 @app.command()
 def scheduler(
@@ -142,7 +143,7 @@ def scheduler(
              "where kube-scheduler's own scores may outweigh Railyard's "
              "(deploy/kube-scheduler-config-prioritize.yaml; docs/decisions/0104).")] = True,
     kube_connections: Annotated[int, typer.Option(
-        "--kube-connections", min=1, max=1024,
+        "--kube-connections", metavar="N",
         help="On the API: the binds' client's connections to the API server (each Binding "
              "in flight holds one; past them a bind waits). Each new one is a TLS handshake "
              "the API server pays for.")] = BIND_CONNECTIONS,
@@ -185,6 +186,8 @@ def scheduler(
             fail("--admin-token-file needs --cluster-file (on a cluster the pod watch frees "
                  "devices: there is no DELETE /pods/<uid>)")
         check_kube_limits(kube_qps, kube_burst)
+        if not 1 <= kube_connections <= MAX_CONNECTIONS:
+            fail(f"--kube-connections must be 1 to {MAX_CONNECTIONS}, got {kube_connections}")
         election = None
         if leader_elect:
             if not (0 < leader_elect_retry_period < leader_elect_renew_deadline
