@@ -20,6 +20,7 @@ from typer.main import get_command
 
 from railyard.agent.config import ConfigError, config_from_dict
 from railyard.cli.main import app
+from railyard.cli.scheduler import BIND_CONNECTIONS
 from railyard.kubelet.pairmap import DEFAULT_PAIR_MAP
 from railyard.topology.rails import PCI_ORDER
 from support.box import kubebox
@@ -165,6 +166,8 @@ def test_extender_runs_two_replicas_electing_a_leader_in_the_release_namespace(o
     assert args[0] == "scheduler" and "--listen=0.0.0.0:8888" in args
     assert "--leader-elect" in args and f"--leader-elect-namespace={NAMESPACE}" in args
     assert not any(a.startswith(("--kubeconfig", "--cluster-file")) for a in args)
+    # The binds' connections the benchmarks measured (decision 0115), not a stale copy.
+    assert f"--kube-connections={BIND_CONNECTIONS}" in args
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
