@@ -34,7 +34,8 @@ REQUEST_TIMEOUT_S = 30.0
 # waits for one to come free. Each new connection is a TLS handshake that costs the API
 # server about a millisecond of CPU; unbounded, a burst of slow binds opened 451 of them and
 # tripled the API server's CPU per bound pod (docs/benchmarks.md, "Scheduling").
-# client-go multiplexes HTTP/2 on one connection; aiohttp speaks HTTP/1.1 only.
+# client-go multiplexes HTTP/2 on one connection; aiohttp speaks HTTP/1.1 only. The
+# extender's binds come in kube-scheduler's bursts and get 64 (decision 0115).
 DEFAULT_CONNECTIONS = 16
 # One watch event line (one object): 16 MiB is well above the 1.5 MiB etcd lets an object be.
 MAX_LINE_BYTES = 16 << 20
