@@ -53,6 +53,7 @@ def parse_listen(text: str, option: str = "--listen") -> tuple[str, int]:
 BIND_CONNECTIONS = 64
 MAX_CONNECTIONS = 1024  # each one a socket and a TLS session, here and at the API server
 
+
 @app.command()
 def scheduler(
     cluster_file: Annotated[Path | None, typer.Option(
