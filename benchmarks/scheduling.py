@@ -857,7 +857,8 @@ def serve_trivial(listen: str, kubeconfig: Path, qps: int, connections: int) -> 
 
     async def serve() -> None:
         async with Client(load_kubeconfig(kubeconfig), qps=qps, burst=2 * qps,
-                          connections=connections, user_agent="trivial-extender") as client:
+                          connections=connections, user_agent="trivial-extender",
+                          timed=True) as client:
             async def filter_(request: web.Request) -> web.Response:
                 t0 = time.perf_counter()
                 args = decode(await read_body(request, limits), ExtenderArgs)

@@ -81,7 +81,7 @@ def test_a_requests_timing_tells_the_rate_limit_the_pool_and_the_wire_apart():
             # One connection: the second request waits for it while the first is answered
             # (20 ms); the third's token comes 1 s after the burst of two is spent.
             async with Client(KubeConfig(server=url), qps=1, burst=2,
-                              connections=1) as client:
+                              connections=1, timed=True) as client:
                 await asyncio.gather(client.request("GET", "/a", timing=first),
                                      client.request("GET", "/b", timing=second))
                 await client.request("GET", "/c", timing=third)
@@ -99,3 +99,23 @@ def test_a_requests_timing_tells_the_rate_limit_the_pool_and_the_wire_apart():
     assert second.connection_s >= 0.015
     assert second.connection_s > first.connection_s
     assert third.connection_s < 0.015  # the kept-alive connection was free
+
+
+def test_an_untimed_client_counts_the_wait_for_a_connection_on_the_wire():
+    async def main() -> RequestTiming:
+        server = CountingServer()
+        runner, url = await serve(server)
+        second = RequestTiming()
+        try:
+            async with Client(KubeConfig(server=url), qps=100, burst=100,
+                              connections=1) as client:  # no trace signals: not timed
+                await asyncio.gather(client.request("GET", "/a"),
+                                     client.request("GET", "/b", timing=second))
+        finally:
+            server.done.set()
+            await runner.cleanup()
+        return second
+
+    second = asyncio.run(main())
+    assert second.connection_s == 0.0
+    assert second.wire_s >= 0.035  # its own 20 ms and the first request's, waited for

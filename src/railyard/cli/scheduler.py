@@ -355,7 +355,7 @@ def _serve_api(kubeconfig: Path | None, host: str, port: int, listen: str, pod_c
         # Events too (as kube-scheduler's broadcaster has): a burst of them never holds a
         # bind back (decision 0104).
         async with Client(config, qps=qps, burst=burst, connections=connections,
-                          user_agent="railyard-scheduler") as c, \
+                          user_agent="railyard-scheduler", timed=True) as c, \
                 Client(config, qps=5, burst=10, connections=2,
                        user_agent="railyard-scheduler-election") as lease_client, \
                 Client(config, qps=max(1.0, qps / 2), burst=max(1, burst // 2), connections=4,

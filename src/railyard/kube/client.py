@@ -137,11 +137,14 @@ class Client:
     def __init__(self, config: KubeConfig, *, qps: float = DEFAULT_QPS,
                  burst: int = DEFAULT_BURST, timeout_s: float = REQUEST_TIMEOUT_S,
                  connections: int = DEFAULT_CONNECTIONS,
-                 user_agent: str = "railyard") -> None:
+                 user_agent: str = "railyard", timed: bool = False) -> None:
         self.config = config
         self.limit = RateLimit(qps, burst)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 10))
         self.connections = connections
+        # aiohttp's trace signals, which time a request's wait for a connection, cost about
+        # 0.1 ms a request (py-spy, issue 28): only a client whose callers read it has them.
+        self.timed = timed
         self._ssl = config.ssl_context() if config.server.startswith("https:") else None
         self._user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
@@ -172,7 +175,7 @@ class Client:
     def _open(self) -> aiohttp.ClientSession:
         """The requests' session: at most `connections` open, reused (keep-alive)."""
         if self._session is None:
-            self._session = self._new_session(self.connections, traced=True)
+            self._session = self._new_session(self.connections, traced=self.timed)
         return self._session
 
     def _open_watches(self) -> aiohttp.ClientSession:
@@ -203,7 +206,8 @@ class Client:
         it returns cap the request's timeout (None: no cap). `server_deadline` sends that
         timeout too, rounded up to the millisecond (the `timeout` query parameter): the API
         server then abandons the request when we do, so a write that failed here cannot
-        start in storage later than that. `timing`, when given, is filled in."""
+        start in storage later than that. `timing`, when given, is filled in (its
+        `connection_s` only on a client made `timed`; else that wait is in `wire_s`)."""
         asked = time.perf_counter()
         await self.limit.wait()
         sent = time.perf_counter()
