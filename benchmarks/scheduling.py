@@ -129,6 +129,12 @@ def cpu_wait_seconds(pid: int) -> float:
     return total / 1e9
 
 
+def per_pod_ms(before: dict[str, float], after: dict[str, float], pods: int
+               ) -> dict[str, float]:
+    """Each process's seconds over the round (`after` less `before`) as ms per bound pod."""
+    return {n: round((after[n] - before.get(n, 0.0)) / max(pods, 1) * 1000, 2) for n in after}
+
+
 def rss_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) in MB."""
     values = {}
@@ -270,13 +276,8 @@ def binding_in_api_server(m0: str, m1: str) -> dict[str, float]:
     priority level of API Priority and Fairness the requests it let through and their
     p99 wait in its queues (ms): a bind that queues behind kwok's node heartbeats in the
     same level shows here, not in the extender."""
-    out: dict[str, float] = {}
-    name = "apiserver_request_duration_seconds"
-    match = {"verb": "POST", "resource": "pods", "subresource": "binding"}
-    delta = grown(summed_buckets(m0, name, **match), summed_buckets(m1, name, **match))
-    if delta and delta[-1][1] > 0:
-        out["bindingP50Ms"] = round(histogram_quantile(0.5, delta) * 1000, 1)
-        out["bindingP99Ms"] = round(histogram_quantile(0.99, delta) * 1000, 1)
+    out = quantiles_ms(m0, m1, "apiserver_request_duration_seconds", "binding",
+                       verb="POST", resource="pods", subresource="binding")
     wait = "apiserver_flowcontrol_request_wait_duration_seconds"
     levels = {labels["priority_level"] for labels, _ in samples(m1, f"{wait}_count")
               if "priority_level" in labels}
@@ -606,8 +607,7 @@ class Bench:
             await self.wait_gone(client, ns)
         result = self.summarise(mode, times, before_cpu, after_cpu, m0, m1)
         result.api_server = binding_in_api_server(api0, api1)
-        result.cpu_wait = {n: round((after_wait[n] - before_wait.get(n, 0.0)) / max(
-            result.bound, 1) * 1000, 2) for n in after_wait}
+        result.cpu_wait = per_pod_ms(before_wait, after_wait, result.bound)
         result.retried_pods = retried_pods(scheduler)
         result.attempts = attempts_by_result(scheduler)
         result.extender_rss_mb = None if rss is None else round(rss, 1)
@@ -691,8 +691,7 @@ class Bench:
             windows[int(t - times[0])] += 1
         if len(windows) > 1:
             windows = windows[:-1]  # the last window is partial
-        cpu = {n: round((after[n] - before.get(n, 0.0)) / max(bound, 1) * 1000, 2)
-               for n in after}
+        cpu = per_pod_ms(before, after, bound)
         result = Round(mode=mode.name, pods=self.args.pods, bound=bound,
                        seconds=round(seconds, 2), window_median=statistics.median(windows),
                        window_p10=sorted(windows)[len(windows) // 10],
