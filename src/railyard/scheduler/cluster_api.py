@@ -155,6 +155,9 @@ class ClusterSync:
         self.shapes = TopologyShapes()
         self._spec: dict[str, tuple[int, bytes]] = {}  # node -> (generation, shape key)
         self._held: dict[str, BoundPod] = {}  # uid -> the pod as its record says
+        # uid -> the record text `_held[uid]` was decoded from: a pod's watch brings the same
+        # record back with each later change (bound, running, status), decoded once.
+        self._record_text: dict[str, str] = {}
         # Records that clash with another pod's until the agent has rewritten both (_settle).
         self._unsettled: dict[str, BoundPod] = {}
         self.recording: set[str] = set()
@@ -267,7 +270,7 @@ class ClusterSync:
         # whatever the Binding's outcome: no later event would (the binder's own rollback
         # on failure is then a no-op, and it does not mark a pod it no longer holds
         # `written`).
-        alloc = None if change.type == "DELETED" else pod_allocation(pod, self.trust)
+        alloc = None if change.type == "DELETED" else self._allocation(pod)
         if (alloc is None and self.trust.enforced and change.type != "DELETED"
                 and ALLOCATION_ANNOTATION in pod.metadata.annotations):
             self._unproven[uid] = pod
@@ -293,7 +296,21 @@ class ClusterSync:
         if self._held.get(uid) == bound and self.state.pod(uid) is not None:
             return
         self._held[uid] = bound
+        self._record_text[uid] = pod.metadata.annotations[ALLOCATION_ANNOTATION]
         self._restore(bound)
+
+    def _allocation(self, pod: Pod) -> Allocation | None:
+        """`pod_allocation(pod, self.trust)`, without decoding again the record the pod's
+        holding came from (the trust check still runs on every change)."""
+        uid = pod.metadata.uid
+        held = self._held.get(uid)
+        raw = pod.metadata.annotations.get(ALLOCATION_ANNOTATION)
+        if (held is None or raw is None or raw != self._record_text.get(uid)
+                or pod.status.phase in FINISHED):
+            return pod_allocation(pod, self.trust)
+        if self.trust.refusal(raw, uid) is not None:
+            return pod_allocation(pod, self.trust)  # which logs why
+        return held.allocation
 
     def has_record(self, uid: str) -> bool:
         """Whether the pod's record has come back through the watch (it holds what it says)."""
@@ -309,6 +326,7 @@ class ClusterSync:
         them are tried again."""
         self.written.discard(uid)
         self._held.pop(uid, None)
+        self._record_text.pop(uid, None)
         settling = self._unsettled.pop(uid, None) is not None
         if self.state.release(uid) is not None or settling:
             if self._unsettled:
