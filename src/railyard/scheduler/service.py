@@ -277,11 +277,10 @@ class Extender:
         NeedsSearch (before any count or change) when an answer is not known yet."""
         args, facts, names = call
         request = self.state.job_request(facts.request, facts.job)  # docs/rails.md
-        out = self.state.filter(request, names, uid=facts.uid, search=search)
-        if self.filter_ranks:
-            # Left out, not failed: the others fit, and a pod that fits somewhere is never
-            # a case for preemption.
-            out.fits = self.state.best_scored(request, out.fits, uid=facts.uid, search=search)
+        # Ranked, the nodes that fit but score below the best are left out, not failed: the
+        # others fit, and a pod that fits somewhere is never a case for preemption.
+        out = self.state.filter(request, names, uid=facts.uid, search=search,
+                                ranked=self.filter_ranks)
         self.pods.put(facts)
         if self.state.pod(facts.uid) is not None:
             self.metrics.failure("filter", m.ALREADY_BOUND, len(out.unresolvable))

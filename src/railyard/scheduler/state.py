@@ -578,12 +578,17 @@ class ClusterState:
             search_budget_spent=True)
 
     def filter(self, request: Request, node_names: Iterable[str], *,
-               uid: str | None = None, search: bool = True) -> FilterOutcome:
+               uid: str | None = None, search: bool = True,
+               ranked: bool = False) -> FilterOutcome:
         """Which nodes can host `request` now; one allocator call per group of nodes.
 
         A pod `uid` that already holds devices fits only the node it holds them on. Without
-        `search`, only from the answers the groups hold (NeedsSearch otherwise).
+        `search`, only from the answers the groups hold (NeedsSearch otherwise). `ranked`
+        keeps of the nodes that fit only those `scores` ranks best, ties all kept, in their
+        order: where kube-scheduler binds when Railyard's ranking decides (decision 0104;
+        the simulator models the same).
         """
+        scored = request  # a preferred sequence does not change the fit, but the score
         if request.wanted_rails and request.rail_policy == "preferred":
             # A preferred sequence never changes whether a pod fits: the plain answers hold.
             request = replace(request, rails=())
@@ -646,8 +651,17 @@ class ClusterState:
         of = list(map(refusals.__getitem__, of_name))
         good = list(map(operator.is_, of, itertools.repeat(None)))
         out.fits = list(itertools.compress(names, good))
+        # The group of each node that fits, for `ranked` (None is never one: it refuses).
+        fit_groups = cast(list[_Group], list(itertools.compress(of_name, good)))
         if self.idle_reserve and out.fits:
-            out.fits = self._keep_reserve(request, out.fits, out.unresolvable)
+            kept = self._keep_reserve(request, out.fits, out.unresolvable)
+            if len(kept) < len(out.fits):
+                left = set(kept)
+                fit_groups = [g for name, g in zip(out.fits, fit_groups, strict=True)
+                              if name in left]
+            out.fits = kept
+        if ranked and len(out.fits) > 1:
+            out.fits = self._best_of(scored, out.fits, fit_groups, search)
         if len(out.fits) == len(names):
             return out
         bad = list(map(operator.not_, good))
@@ -773,16 +787,17 @@ class ClusterState:
         score[None] = 0
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
 
-    def best_scored(self, request: Request, fits: list[str], *, uid: str | None = None,
-                    search: bool = True) -> list[str]:
-        """The names of `fits` (nodes that fit) whose score is the best of them, in their
-        order: where kube-scheduler binds when Railyard's ranking decides (decision 0104;
-        the simulator models the same)."""
-        if len(fits) < 2:
-            return fits
-        scores = self.scores(request, fits, uid=uid, search=search)
-        best = max(scores.values())
-        return [name for name in fits if scores[name] == best]
+    def _best_of(self, request: Request, fits: list[str], groups: list[_Group],
+                 search: bool) -> list[str]:
+        """The best-scored of `fits` for a device pod not held yet, from the group of each
+        (looked up once, by filter): one score per group, then C-level maps per name."""
+        some_member = dict(zip(groups, fits, strict=True))
+        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
+            score = self._rail_scores(request, some_member, search)
+        else:
+            score = self._group_scores(request, some_member, search)
+        best = max(score.values())
+        return list(itertools.compress(fits, map(best.__eq__, map(score.__getitem__, groups))))
 
     def _group_scores(self, request: Request, some_member: dict[_Group, str],
                       search: bool) -> dict[_Group | None, int]:

@@ -76,12 +76,12 @@ class RailyardPolicy:
 
     def _best_scored(self, request: Request, nodes: Sequence[str]) -> list[str] | Infeasible:
         """The nodes that fit and share the extender's best score, in filter's order."""
-        outcome = self.state.filter(request, nodes)
+        outcome = self.state.filter(request, nodes, ranked=True)
         if not outcome.fits:
             reasons = {**outcome.failed, **outcome.unresolvable}
             first = next(iter(reasons.values()), "no nodes")
             return Infeasible(f"no node fits ({len(reasons)} rejected; e.g. {first})")
-        return self.state.best_scored(request, outcome.fits)
+        return outcome.fits
 
     def _pick_to_open(self, request: Request, nodes: Sequence[str],
                       milli: int) -> str | Infeasible:
