@@ -33,7 +33,9 @@ without Railyard runs no Railyard). The modes:
   --no-filter-ranks, as before decision 0104); without `+prioritize`, the shipped
   `deploy/kube-scheduler-config.yaml` (filter and bind: Railyard's filter returns only the
   nodes it ranks best).
-- `railyard+quiet`: Railyard's with `--no-allocated-events` (no `Allocated` Event per bind).
+- `railyard+events`: Railyard's with `--allocated-events` (an `Allocated` Event per bind; off
+  in the shipped default, decision 0116). Every `railyard` mode names its Events flag, so
+  the box's own extender (started with them, for its tests) never serves a round as is.
 - `koordinator`: from `benchmarks/koordinator_mode.py` when it is there: its
   `mode(bench: Bench) -> Mode` (see `Mode`).
 - `dra`: from `benchmarks/dra_mode.py` (issue 29), the same way: kube-scheduler's own DRA
@@ -495,21 +497,22 @@ class Bench:
             assert isinstance(made, Mode), f"{name}_mode.mode(bench) returns a Mode"
             return made
         kind, _, variant = name.partition("+")
-        if (kind not in ("trivial", "railyard") or variant not in ("", "prioritize", "quiet")
-                or (variant == "quiet" and kind != "railyard")):
+        if (kind not in ("trivial", "railyard") or variant not in ("", "prioritize", "events")
+                or (variant == "events" and kind != "railyard")):
             raise SystemExit(f"unknown mode {name!r}: plain, trivial, railyard, "
-                             "trivial+prioritize, railyard+prioritize, railyard+quiet, "
+                             "trivial+prioritize, railyard+prioritize, railyard+events, "
                              "koordinator, dra")
         shipped = WITH_PRIORITIZE if variant == "prioritize" else SHIPPED
         process = "railyard-scheduler" if kind == "railyard" else "trivial-extender"
         url = self.railyard_url if kind == "railyard" else self.trivial_url
         config = self.with_extender(url, shipped)
         # With prioritize, Railyard's filter keeps every node that fits, as before decision
-        # 0104: the two calls per pod that ranking in filter replaces. Quiet: no `Allocated`
-        # Event per bind, the cost of the Events measured in the same run.
-        options: tuple[str, ...] = (
-            ("--no-filter-ranks",) if kind == "railyard" and variant == "prioritize" else
-            ("--no-allocated-events",) if variant == "quiet" else ())
+        # 0104: the two calls per pod that ranking in filter replaces. Events: an `Allocated`
+        # Event per bind, their cost measured in the same run (decision 0116).
+        options: tuple[str, ...] = ()
+        if kind == "railyard":
+            options = (("--no-filter-ranks",) if variant == "prioritize" else ()) + (
+                ("--allocated-events",) if variant == "events" else ("--no-allocated-events",))
         return Mode(name, start=lambda: self.start_kube_scheduler(config),
                     stop=self.stop_kube_scheduler, scheduler_metrics=self.kube_scheduler_metrics,
                     extender_url=url, extender_process=process, extender_args=options,

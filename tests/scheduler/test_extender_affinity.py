@@ -125,7 +125,8 @@ def test_the_binder_sends_the_fallback_event_only_for_a_pod_that_fell_back():
 
     async def main() -> list[dict]:
         client = Client()
-        binder = PodBinder(client, ClusterSync(state))  # type: ignore[arg-type]
+        binder = PodBinder(client, ClusterSync(state),  # type: ignore[arg-type]
+                           allocated_events=True)
         for uid, name, node, alloc in (("u1", "p1", NODE_NODE, fell), ("u2", "p2", PIX_NODE, met)):
             await binder.bind(BoundPod("ml", name, uid, node, alloc))  # type: ignore[arg-type]
         await binder.events.drain()

@@ -156,7 +156,7 @@ def test_events_go_on_their_own_client_and_the_binding_on_the_binders():
 
     async def main() -> None:
         binder = PodBinder(binds, ClusterSync(state),  # type: ignore[arg-type]
-                           events_client=events)  # type: ignore[arg-type]
+                           allocated_events=True, events_client=events)  # type: ignore[arg-type]
         await binder.bind(BoundPod("ml", "p1", "u1", "dgx-h100-000", alloc))  # type: ignore[arg-type]
         await binder.events.drain()
 

@@ -397,10 +397,10 @@ class PodBinder:
                  signing_key: Ed25519PrivateKey | None = None,
                  koordinator: bool = False,
                  lease_left: Callable[[], float] | None = None, *,
-                 allocated_events: bool = True, events_client: Client | None = None) -> None:
+                 allocated_events: bool = False, events_client: Client | None = None) -> None:
         self.client, self.sync = client, sync
-        # The `Allocated` Event per bind (--no-allocated-events: none; decision 0104). The
-        # record on the pod says the same; the Event is for `kubectl describe`.
+        # The `Allocated` Event per bind (--allocated-events; off by default, decision 0116).
+        # The record on the pod says the same; the Event is for `kubectl describe`.
         self.allocated_events = allocated_events
         # Seconds this replica still leads (`Elector.time_left`): checked again once the
         # client's rate limit lets the Binding go, and the create's timeout is capped to it.
@@ -665,7 +665,7 @@ class ApiCluster:
                  signing_key: Ed25519PrivateKey | None = None,
                  koordinator: bool = False,
                  lease_left: Callable[[], float] | None = None, *,
-                 allocated_events: bool = True, events_client: Client | None = None) -> None:
+                 allocated_events: bool = False, events_client: Client | None = None) -> None:
         self.client = client
         self.sync = ClusterSync(state)
         if signing_key is not None:
