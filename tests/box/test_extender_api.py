@@ -138,7 +138,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, 
     def discovered(node: str) -> NodeTopology:
         tree = write_fixture(DGX_H100, folder / "trees" / node, VFS_PER_PF, node=node)
         return discover(tree).topology
-    with extender_box(folder, KWOK_NODES, discovered) as running:
+    # With the `Allocated` Events (off by default, decision 0116): a test reads them.
+    with extender_box(folder, KWOK_NODES, discovered,
+                      options=("--allocated-events",)) as running:
         yield running
 
 
