@@ -152,8 +152,7 @@ def scheduler(
         "--allocated-events/--no-allocated-events",
         help="On the API: an `Allocated` Event on each pod bound with devices, naming its "
              "pairs for `kubectl describe`. Off by default: the record on the pod says the "
-             "same, and the Event, one more API write per pod, cost 0.83x against 1.00x of "
-             "trivial's pods/s at 1,000 kwok nodes (docs/decisions/0116).")] = False,
+             "same, and the Event is one more API write per pod (docs/decisions/0116).")] = False,
     log_level: Annotated[str, typer.Option("--log-level", metavar="LEVEL")] = "info",
 ) -> None:
     """Run the scheduler extender: POST /filter /prioritize /bind /preempt, GET /healthz

@@ -652,10 +652,10 @@ class ClusterState:
         good = list(map(operator.is_, of, itertools.repeat(None)))
         out.fits = list(itertools.compress(names, good))
         # The group of each node that fits, for `ranked` (None is never one: it refuses).
-        fit_groups = cast(list[_Group], list(itertools.compress(of_name, good)))
+        fit_groups = cast(list[_Group], list(itertools.compress(of_name, good))) if ranked else []
         if self.idle_reserve and out.fits:
             kept = self._keep_reserve(request, out.fits, out.unresolvable)
-            if len(kept) < len(out.fits):
+            if ranked and len(kept) < len(out.fits):
                 left = set(kept)
                 fit_groups = [g for name, g in zip(out.fits, fit_groups, strict=True)
                               if name in left]
@@ -780,10 +780,7 @@ class ClusterState:
         if not request.wants_devices:
             return dict.fromkeys(names, 0)
         of_name, some_member = self._grouped(names)
-        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
-            score = self._rail_scores(request, some_member, search)
-        else:
-            score = self._group_scores(request, some_member, search)
+        score = self._scores_of(request, some_member, search)
         score[None] = 0
         return dict(zip(names, map(score.__getitem__, of_name), strict=True))
 
@@ -791,13 +788,17 @@ class ClusterState:
                  search: bool) -> list[str]:
         """The best-scored of `fits` for a device pod not held yet, from the group of each
         (looked up once, by filter): one score per group, then C-level maps per name."""
-        some_member = dict(zip(groups, fits, strict=True))
-        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
-            score = self._rail_scores(request, some_member, search)
-        else:
-            score = self._group_scores(request, some_member, search)
+        score = self._scores_of(request, dict(zip(groups, fits, strict=True)), search)
         best = max(score.values())
         return list(itertools.compress(fits, map(best.__eq__, map(score.__getitem__, groups))))
+
+    def _scores_of(self, request: Request, some_member: dict[_Group, str],
+                   search: bool) -> dict[_Group | None, int]:
+        """The score of each group (`some_member`: one node of each), with the pod's rail
+        sequence where it has one."""
+        if request.wanted_rails and request.rail_policy in ("preferred", "required"):
+            return self._rail_scores(request, some_member, search)
+        return self._group_scores(request, some_member, search)
 
     def _group_scores(self, request: Request, some_member: dict[_Group, str],
                       search: bool) -> dict[_Group | None, int]:
