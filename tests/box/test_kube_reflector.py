@@ -1,7 +1,8 @@
 """Railyard's reflector (railyard.kube.reflector) against the box's real kube-apiserver: it
 lists, sees adds, updates and deletes in order, lists again when the connection drops (cut by
 a TCP relay between it and the server) or a line is over its limit, and after a 410 Gone from
-an apiserver that restarted (drill box)."""
+an apiserver that restarted (drill box); and the extender's pod watch, whose field selector
+the API server applies."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import pytest
 
 from railyard.kube.client import Client
 from railyard.kube.config import load_kubeconfig
-from railyard.kube.objects import ObjectMeta
-from railyard.kube.reflector import Backoff, Change, Reflector
+from railyard.kube.objects import ObjectMeta, Pod, Status
+from railyard.kube.reflector import Backoff, Change, Reflector, key_of
+from railyard.scheduler.cluster_api import HOLDING_PODS
+from support.box import namespace, pod
 
 pytestmark = [pytest.mark.root, pytest.mark.box]
 
@@ -230,4 +233,51 @@ def test_a_resumed_reflector_lists_again_after_410_from_a_restarted_apiserver(dr
                 await task
             await client.close()
 
+    asyncio.run(scenario())
+
+
+def test_the_extenders_pod_watch_delivers_only_pods_that_can_hold_devices(box):
+    """`cluster_api.HOLDING_PODS` as the real API server applies it: a pending pod is never
+    delivered, its Binding brings it as ADDED, and when it finishes it leaves as DELETED (the
+    node does not exist, so no kubelet runs it: its phase is the test's to write)."""
+    ns = namespace(box)
+    base = f"/api/v1/namespaces/{ns}/pods"
+
+    async def scenario() -> None:
+        client = client_for(box)
+        changes: list[Change[Pod]] = []
+        reflector = Reflector(client, base, Pod, params=HOLDING_PODS,
+                              on_change=changes.append, backoff=Backoff(0.05, 0.5))
+        await client.create(base, pod("bound-early", ["true"], nodeName="refl-no-node"), Pod)
+        await client.create(base, pod("waiting", ["true"], schedulerName="nobody"), Pod)
+        task = asyncio.create_task(reflector.run())
+
+        def seen() -> list[tuple[str, str]]:
+            return [(c.type, c.object.metadata.name) for c in changes]
+        try:
+            await asyncio.wait_for(reflector.synced.wait(), 30)
+            assert seen() == [("ADDED", "bound-early")]
+            await client.create(base, pod("pending-late", ["true"], schedulerName="nobody"),
+                                Pod)
+            await client.create(f"{base}/waiting/binding", {
+                "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "waiting"},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": "refl-no-node"}}, Status)
+            await eventually("the bound pod", lambda: len(seen()) == 2)
+            await client.patch(f"{base}/bound-early/status", {"status": {"phase": "Succeeded"}},
+                               Pod)
+            await eventually("the finished pod to leave", lambda: len(seen()) == 3)
+            await client.delete(f"{base}/pending-late")
+            await client.patch(f"{base}/waiting", {"metadata": {"labels": {"k": "v"}}}, Pod)
+            await eventually("the label change", lambda: len(seen()) == 4)
+            assert seen() == [("ADDED", "bound-early"), ("ADDED", "waiting"),
+                              ("DELETED", "bound-early"), ("MODIFIED", "waiting")]
+            # The API server's DELETED for a pod that left the selector carries the pod as it
+            # last matched (phase Pending here): ClusterSync frees on the type, not the phase.
+            assert changes[2].object.status.phase == "Pending"
+            assert set(reflector.store) == {key_of(changes[1].object.metadata)}
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await client.close()
     asyncio.run(scenario())

@@ -60,6 +60,11 @@ log = logging.getLogger("railyard.scheduler")
 TOPOLOGIES = f"/apis/{API_VERSION}/{PLURAL}"
 PODS = "/api/v1/pods"
 FINISHED = frozenset(("Succeeded", "Failed"))  # a finished pod's devices are free again
+# The pods the ledger is made of: bound and not finished. A pending pod holds nothing (the
+# binder is the one who holds for a pod it is binding), so the watch leaves out each pod's
+# create and its changes while it waits, and a pod that finishes leaves the watch as
+# DELETED, which frees it as FINISHED does.
+HOLDING_PODS = {"fieldSelector": "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"}
 COMPONENT = "railyard-scheduler"
 _NO_SPEC = msgspec.Raw(b"null")
 
@@ -672,7 +677,8 @@ class ApiCluster:
             self.sync.require_signatures([signing_key.public_key()])
         self.topologies: Reflector[TopologyObject] = Reflector(
             client, TOPOLOGIES, TopologyObject, on_change=self.sync.on_topology)
-        self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, on_change=self.sync.on_pod)
+        self.pods: Reflector[Pod] = Reflector(client, PODS, Pod, params=HOLDING_PODS,
+                                              on_change=self.sync.on_pod)
         self.binder = PodBinder(client, self.sync, fence, signing_key, koordinator,
                                 lease_left, allocated_events=allocated_events,
                                 events_client=events_client)
