@@ -949,7 +949,8 @@ def main() -> int:
                    f"(default {BIND_CONNECTIONS}, `railyard scheduler --kube-connections`'s)")
     p.add_argument("--railyard-option", action="append", default=[], metavar="OPTION",
                    help="one more `railyard scheduler` option, e.g. "
-                   "--railyard-option=--no-allocated-events (repeatable)")
+                   "--railyard-option=--idle-node-reserve=2 (repeatable; the Event has "
+                   "its own modes, railyard and railyard+events)")
     p.add_argument("--no-flow-schema", action="store_true",
                    help="remove the extenders' FlowSchema (the chart's, decision 0114), so "
                    "their requests fall to APF's global-default level beside kwok's, as "
