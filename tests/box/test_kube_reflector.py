@@ -84,6 +84,14 @@ class Relay:
             self.server.close()
 
 
+async def stop(task: asyncio.Task[None], client: Client) -> None:
+    """End a reflector's run and close its client."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await client.close()
+
+
 async def with_reflector(client: Client, path: str,
                          body: Callable[[Reflector[ConfigMap], list[Change[ConfigMap]]],
                                         Awaitable[None]], **options) -> None:
@@ -95,10 +103,7 @@ async def with_reflector(client: Client, path: str,
         await asyncio.wait_for(reflector.synced.wait(), 30)
         await body(reflector, changes)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await client.close()
+        await stop(task, client)
 
 
 def summary(changes: list[Change[ConfigMap]]) -> list[tuple[str, str, str]]:
@@ -228,10 +233,7 @@ def test_a_resumed_reflector_lists_again_after_410_from_a_restarted_apiserver(dr
                                         ("DELETED", "before", "1")]
             assert reflector.relists["gone"] == 1 and reflector.lists == 2
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await client.close()
+            await stop(task, client)
 
     asyncio.run(scenario())
 
@@ -276,8 +278,5 @@ def test_the_extenders_pod_watch_delivers_only_pods_that_can_hold_devices(box):
             assert changes[2].object.status.phase == "Pending"
             assert set(reflector.store) == {key_of(changes[1].object.metadata)}
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await client.close()
+            await stop(task, client)
     asyncio.run(scenario())
